@@ -1,0 +1,11 @@
+"""fullece: token-level calibration (ECE, cw-ECE, Full-ECE) of causal language models.
+
+The analysis half (binning, tables, metrics, aggregation, SQL, reports) needs
+no torch; only ``pipeline.extract`` and ``pipeline.train`` import it, lazily.
+"""
+
+__version__ = "0.1.0"
+
+DEFAULT_FINE_BINS = 1000
+# The paper's M set (Table 1); every value divides DEFAULT_FINE_BINS.
+PAPER_BINS = (5, 10, 20, 50, 100, 200, 500)

@@ -1,0 +1,61 @@
+"""The ``fullece`` command. Subcommands live in their own modules and are
+imported only when used, so ``fullece metrics`` never pays for (or needs) torch."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from pipeline import __version__
+
+# name -> "module:attribute"; each module defines one click command.
+_COMMANDS = {
+    "extract": "pipeline.extract.command:extract",
+    "validate": "pipeline.validate:validate",
+    "aggregate": "pipeline.aggregate:aggregate_command",
+    "metrics": "pipeline.commands:metrics",
+    "compare": "pipeline.commands:compare",
+    "sql": "pipeline.sql:sql",
+    "report": "pipeline.report:report",
+    "train": "pipeline.train:train",
+    "corpus": "pipeline.corpus:corpus",
+    "default": "pipeline.default:default",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx, name):
+        target = _COMMANDS.get(name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if not err.name or not err.name.startswith("pipeline"):
+                raise
+            return None  # not built yet in this checkout
+        return getattr(module, attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fullece")
+def main():
+    """Token-level calibration of causal language models (ECE, cw-ECE, Full-ECE).
+
+    \b
+    Typical use:
+      fullece extract --model DIR --corpus test.txt --out runs/ckpt1
+      fullece aggregate runs/ckpt1
+      fullece metrics runs/ckpt1
+      fullece sql runs/ckpt1 "SELECT * FROM top1_bins LIMIT 5"
+      fullece report runs/ckpt1 --out report/
+    """
+
+
+if __name__ == "__main__":
+    main()

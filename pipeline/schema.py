@@ -1,0 +1,177 @@
+"""Versioned on-disk formats: the one place that names every column.
+
+Run directory (written by ``fullece extract``)::
+
+    RUN_DIR/manifest.json                  run identity, settings, shards, m_exact
+    RUN_DIR/shards/positions-00000.parquet one row per position (both stores)
+    RUN_DIR/shards/class_tail-00000.parquet per-class tail count/mass (topk store)
+    RUN_DIR/shards/logits-00000.zarr       full store: logits [n, K] + logsumexp [n]
+    RUN_DIR/tables/*.parquet               bin tables (written by ``fullece aggregate``)
+
+``schemas/`` holds the JSON renderings of these definitions (``python -m
+pipeline.schema`` regenerates them); readers refuse versions they do not know.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+
+
+class SchemaVersionError(ValueError):
+    """A file was written under a schema version this tool does not know."""
+
+
+def check_version(version, where: str) -> None:
+    if version not in SUPPORTED_VERSIONS:
+        raise SchemaVersionError(
+            f"{where}: schema version {version!r} is not supported by this fullece "
+            f"(supported: {', '.join(map(str, SUPPORTED_VERSIONS))}); "
+            "upgrade fullece or re-extract the run"
+        )
+
+
+# One row per scored position. `kept_probs` is the probability of record
+# (float32); binning always uses float64(p) (see pipeline.binning).
+POSITIONS = pa.schema(
+    [
+        pa.field("doc_id", pa.int64(), nullable=False),  # document index in the corpus
+        pa.field("window", pa.int32(), nullable=False),  # sliding-window index in the doc
+        pa.field("offset", pa.int32(), nullable=False),  # token index of the label in the doc (>= 1)
+        pa.field("label", pa.int32(), nullable=False),
+        pa.field("label_prob", pa.float32(), nullable=False),
+        pa.field("top1_id", pa.int32(), nullable=False),  # argmax, first index among ties
+        pa.field("top1_prob", pa.float32(), nullable=False),
+        pa.field("entropy", pa.float32(), nullable=False),  # nats, of the full distribution
+        pa.field("kept_ids", pa.list_(pa.int32()), nullable=False),  # label always among them
+        pa.field("kept_probs", pa.list_(pa.float32()), nullable=False),
+        pa.field("tail_count", pa.int32(), nullable=False),
+        pa.field("tail_mass", pa.float64(), nullable=False),
+        pa.field("tail_max", pa.float32(), nullable=False),  # 0 when the tail is empty
+    ],
+    metadata={"fullece.table": "positions", "fullece.schema_version": str(SCHEMA_VERSION)},
+)
+
+# Per shard, per class: tail pairs summed over the shard's positions.
+CLASS_TAIL = pa.schema(
+    [
+        pa.field("class_id", pa.int32(), nullable=False),
+        pa.field("tail_count", pa.int64(), nullable=False),
+        pa.field("tail_mass", pa.float64(), nullable=False),
+    ],
+    metadata={"fullece.table": "class_tail", "fullece.schema_version": str(SCHEMA_VERSION)},
+)
+
+# Bin tables (DESIGN §3); `bin` is the 1-based fine bin in 1..F.
+CLASS_BINS = pa.schema(
+    [
+        pa.field("class_id", pa.int32(), nullable=False),
+        pa.field("bin", pa.int32(), nullable=False),
+        pa.field("n", pa.int64(), nullable=False),
+        pa.field("p_sum", pa.float64(), nullable=False),
+        pa.field("hits", pa.int64(), nullable=False),
+    ],
+    metadata={"fullece.table": "class_bins", "fullece.schema_version": str(SCHEMA_VERSION)},
+)
+TOP1_BINS = pa.schema(
+    [
+        pa.field("bin", pa.int32(), nullable=False),
+        pa.field("n", pa.int64(), nullable=False),
+        pa.field("conf_sum", pa.float64(), nullable=False),
+        pa.field("correct", pa.int64(), nullable=False),
+    ],
+    metadata={"fullece.table": "top1_bins", "fullece.schema_version": str(SCHEMA_VERSION)},
+)
+TOKENS = pa.schema(
+    [
+        pa.field("class_id", pa.int32(), nullable=False),
+        pa.field("label_count", pa.int64(), nullable=False),
+        pa.field("top1_count", pa.int64(), nullable=False),
+        pa.field("p_mass", pa.float64(), nullable=False),
+    ],
+    metadata={"fullece.table": "tokens", "fullece.schema_version": str(SCHEMA_VERSION)},
+)
+# Per sequence (document), per fine bin: pooled over classes (Full-ECE) and
+# top-1 (ECE), so bootstrap over sequences needs nothing else.
+SEQ_BINS = pa.schema(
+    [
+        pa.field("seq_id", pa.int64(), nullable=False),
+        pa.field("bin", pa.int32(), nullable=False),
+        pa.field("n", pa.int64(), nullable=False),
+        pa.field("p_sum", pa.float64(), nullable=False),
+        pa.field("hits", pa.int64(), nullable=False),
+        pa.field("top1_n", pa.int64(), nullable=False),
+        pa.field("conf_sum", pa.float64(), nullable=False),
+        pa.field("correct", pa.int64(), nullable=False),
+    ],
+    metadata={"fullece.table": "seq_bins", "fullece.schema_version": str(SCHEMA_VERSION)},
+)
+
+TABLE_SCHEMAS = {
+    "positions": POSITIONS,
+    "class_tail": CLASS_TAIL,
+    "class_bins": CLASS_BINS,
+    "top1_bins": TOP1_BINS,
+    "tokens": TOKENS,
+    "seq_bins": SEQ_BINS,
+}
+
+# Full store: Zarr v3 group per shard.
+ZARR_ARRAYS = {
+    "logits": {"shape": "[n, K]", "dtype": "float16 | float32", "chunks": "[rows, K]",
+               "codecs": "bytes + blosc(zstd, clevel=1, shuffle)"},
+    "logsumexp": {"shape": "[n]", "dtype": "float32",
+                  "note": "p = exp(float32(logit) - logsumexp), computed in float32"},
+}
+
+
+def table_schema(name: str) -> pa.Schema:
+    return TABLE_SCHEMAS[name]
+
+
+def check_table_schema(schema: pa.Schema, name: str, where: str) -> None:
+    """Refuse a Parquet file whose version or columns are not those of `name`."""
+    meta = schema.metadata or {}
+    version = meta.get(b"fullece.schema_version")
+    if version is not None:
+        check_version(int(version), where)
+    expected = TABLE_SCHEMAS[name]
+    missing = [f.name for f in expected if f.name not in schema.names]
+    if missing:
+        raise ValueError(f"{where}: not a {name} table: missing column(s) {', '.join(missing)}")
+    for field in expected:
+        got = schema.field(field.name).type
+        if got != field.type:
+            raise ValueError(
+                f"{where}: column {field.name!r} has type {got}, expected {field.type}"
+            )
+
+
+def schema_as_json(schema: pa.Schema) -> dict:
+    meta = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
+    return {
+        "table": meta.get("fullece.table"),
+        "schema_version": SCHEMA_VERSION,
+        "columns": [
+            {"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in schema
+        ],
+    }
+
+
+def write_schema_files(directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, schema in TABLE_SCHEMAS.items():
+        path = directory / f"{name}.v{SCHEMA_VERSION}.json"
+        path.write_text(json.dumps(schema_as_json(schema), indent=2) + "\n")
+    (directory / f"zarr_full.v{SCHEMA_VERSION}.json").write_text(
+        json.dumps({"schema_version": SCHEMA_VERSION, "arrays": ZARR_ARRAYS}, indent=2) + "\n"
+    )
+
+
+if __name__ == "__main__":
+    write_schema_files(Path(__file__).resolve().parent.parent / "schemas")
