@@ -1,0 +1,82 @@
+"""The one binning rule (DESIGN §1). Everything that bins goes through here.
+
+Bin m (1-based) of M is ((m-1)/M, m/M]: a value on an edge belongs to the
+lower bin and p = 0 to bin 1. The probability of record is a float32; its bin
+is ``max(ceil(float64(p) * M), 1)``. A float32 (24-bit mantissa) times an
+integer below 2**29 is exact in float64, so every path (numpy, torch, DuckDB,
+Polars) that follows this formula puts the same value in the same bin.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+MAX_BINS = 2**29  # keeps float64(p32) * M exact
+
+
+def check_n_bins(n_bins) -> int:
+    if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)):
+        raise TypeError(f"n_bins must be an integer, got {n_bins!r}")
+    if not 1 <= n_bins < MAX_BINS:
+        raise ValueError(f"n_bins must be in [1, 2**29), got {n_bins}")
+    return int(n_bins)
+
+
+def fine_bin_index(probs, n_bins: int) -> np.ndarray:
+    """1-based bin of each float32 probability of record at M = n_bins."""
+    n_bins = check_n_bins(n_bins)
+    p64 = np.asarray(probs, dtype=np.float32).astype(np.float64)
+    return np.maximum(np.ceil(p64 * n_bins), 1).astype(np.int32)
+
+
+def coarsen_bins(fine_bin, fine_bins: int, n_bins: int) -> np.ndarray:
+    """Coarse bin of a fine bin, exact for M dividing F: ceil(fine * M / F).
+
+    Fine bin f covers ((f-1)/F, f/F]; with r = F/M it lies inside coarse bin
+    ceil(f / r), and ceil(ceil(p*F) / r) == ceil(p*M) for integer r.
+    """
+    n_bins = check_n_bins(n_bins)
+    if fine_bins % n_bins:
+        raise ValueError(
+            f"M={n_bins} does not divide the fine grid F={fine_bins}: "
+            "compute it from the shards (re-aggregate with fine_bins=M)"
+        )
+    ratio = fine_bins // n_bins
+    fine = np.asarray(fine_bin, dtype=np.int64)
+    return ((fine + ratio - 1) // ratio).astype(np.int32)
+
+
+def bin1_threshold(n_bins: int) -> np.float32:
+    """Largest float32 t with float64(t) * M <= 1.
+
+    For a float32 p: ``p > t`` exactly when p falls in bin 2 or above, so the
+    dense path can split bin 1 from the rest with a float32 comparison.
+    """
+    n_bins = check_n_bins(n_bins)
+    t = np.float32(1.0 / n_bins)
+    while float(t) * n_bins > 1.0:
+        t = np.nextafter(t, np.float32(0))
+    while float(np.nextafter(t, np.float32(2))) * n_bins <= 1.0:
+        t = np.nextafter(t, np.float32(2))
+    return np.float32(t)
+
+
+def m_exact_from_tail_max(tail_max: float) -> int | None:
+    """Largest M with float64(tail_max) * M <= 1: every tail probability then
+    lies in bin 1 and metrics at that M are exact. None means no tail at all
+    (every M is exact)."""
+    t = float(np.float32(tail_max))
+    if not t > 0.0:
+        return None
+    m = math.floor(1.0 / t)
+    while m > 1 and m * t > 1.0:
+        m -= 1
+    while (m + 1) * t <= 1.0:
+        m += 1
+    return max(m, 1) if t <= 1.0 else 0
+
+
+def is_exact(n_bins: int, m_exact: int | None) -> bool:
+    return m_exact is None or n_bins <= m_exact

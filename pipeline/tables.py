@@ -1,0 +1,252 @@
+"""The sufficient statistics of DESIGN §3, held in memory: additive bin tables.
+
+Every field is a sum over positions, so tables of shards, runs or machines
+merge by addition. Sparse tables (class_bins, seq_bins) are kept as key-sorted
+column arrays; dense ones (top1 per fine bin, tokens per class) as vectors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline import schema
+from pipeline.binning import coarsen_bins, m_exact_from_tail_max
+
+CLASS_BIN_VALUES = ("n", "p_sum", "hits")
+SEQ_BIN_VALUES = ("n", "p_sum", "hits", "top1_n", "conf_sum", "correct")
+
+
+def group_sum(keys: np.ndarray, values: dict[str, np.ndarray]):
+    """Sum `values` over equal int64 `keys`. Returns (unique sorted keys, sums).
+
+    Integer columns stay integer (exact); float columns are summed in float64.
+    """
+    keys = np.asarray(keys, dtype=np.int64)
+    if keys.size == 0:
+        return keys, {k: np.asarray(v)[:0] for k, v in values.items()}
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+    sums = {k: np.add.reduceat(np.asarray(v)[order], starts) for k, v in values.items()}
+    return sorted_keys[starts], sums
+
+
+@dataclass
+class SparseBins:
+    """Columns keyed by (entity id, bin), sorted, unique."""
+
+    ids: np.ndarray  # int64
+    bins: np.ndarray  # int32, 1-based
+    values: dict[str, np.ndarray]
+
+    @classmethod
+    def empty(cls, value_names) -> SparseBins:
+        return cls(
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int32),
+            {k: np.zeros(0, np.float64 if k in ("p_sum", "conf_sum") else np.int64) for k in value_names},
+        )
+
+    @classmethod
+    def from_parts(cls, ids, bins, values, stride: int) -> SparseBins:
+        """Group-sum possibly repeated (id, bin) rows; bins must be < stride."""
+        key = np.asarray(ids, np.int64) * stride + np.asarray(bins, np.int64)
+        ukey, sums = group_sum(key, values)
+        return cls((ukey // stride).astype(np.int64), (ukey % stride).astype(np.int32), sums)
+
+    @classmethod
+    def concat(cls, parts: list[SparseBins], stride: int) -> SparseBins:
+        parts = [p for p in parts if p.ids.size]
+        if not parts:
+            return None
+        if len(parts) == 1:
+            return parts[0]
+        names = parts[0].values.keys()
+        return cls.from_parts(
+            np.concatenate([p.ids for p in parts]),
+            np.concatenate([p.bins for p in parts]),
+            {k: np.concatenate([p.values[k] for p in parts]) for k in names},
+            stride,
+        )
+
+    def coarsen(self, fine_bins: int, n_bins: int) -> SparseBins:
+        return SparseBins.from_parts(
+            self.ids, coarsen_bins(self.bins, fine_bins, n_bins), self.values, n_bins + 1
+        )
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+
+@dataclass
+class BinTables:
+    """class_bins, top1_bins, tokens and seq_bins at a fine grid of F bins."""
+
+    fine_bins: int
+    vocab_size: int
+    positions: int
+    tail_max: float  # max over positions of the largest tail probability
+    class_bins: SparseBins  # ids = class_id; n, p_sum, hits
+    top1_n: np.ndarray  # [F] indexed by bin - 1
+    top1_conf_sum: np.ndarray
+    top1_correct: np.ndarray
+    label_count: np.ndarray  # [K]
+    top1_count: np.ndarray
+    p_mass: np.ndarray
+    seq_bins: SparseBins  # ids = seq_id; n, p_sum, hits, top1_n, conf_sum, correct
+    sources: list = field(default_factory=list)  # what went in (shards, runs)
+
+    @property
+    def m_exact(self) -> int | None:
+        return m_exact_from_tail_max(self.tail_max)
+
+    @classmethod
+    def empty(cls, vocab_size: int, fine_bins: int) -> BinTables:
+        return cls(
+            fine_bins=fine_bins,
+            vocab_size=vocab_size,
+            positions=0,
+            tail_max=0.0,
+            class_bins=SparseBins.empty(CLASS_BIN_VALUES),
+            top1_n=np.zeros(fine_bins, np.int64),
+            top1_conf_sum=np.zeros(fine_bins, np.float64),
+            top1_correct=np.zeros(fine_bins, np.int64),
+            label_count=np.zeros(vocab_size, np.int64),
+            top1_count=np.zeros(vocab_size, np.int64),
+            p_mass=np.zeros(vocab_size, np.float64),
+            seq_bins=SparseBins.empty(SEQ_BIN_VALUES),
+        )
+
+    def merge(self, other: BinTables) -> BinTables:
+        """The sum of two tables (shards, slices or runs of one vocabulary)."""
+        if other.vocab_size != self.vocab_size:
+            raise ValueError(
+                f"cannot merge tables of different vocabularies "
+                f"(K={self.vocab_size} and K={other.vocab_size})"
+            )
+        if other.fine_bins != self.fine_bins:
+            raise ValueError(
+                f"cannot merge tables of different fine grids "
+                f"(F={self.fine_bins} and F={other.fine_bins})"
+            )
+        stride = self.fine_bins + 1
+        return BinTables(
+            fine_bins=self.fine_bins,
+            vocab_size=self.vocab_size,
+            positions=self.positions + other.positions,
+            tail_max=max(self.tail_max, other.tail_max),
+            class_bins=SparseBins.concat([self.class_bins, other.class_bins], stride)
+            or SparseBins.empty(CLASS_BIN_VALUES),
+            top1_n=self.top1_n + other.top1_n,
+            top1_conf_sum=self.top1_conf_sum + other.top1_conf_sum,
+            top1_correct=self.top1_correct + other.top1_correct,
+            label_count=self.label_count + other.label_count,
+            top1_count=self.top1_count + other.top1_count,
+            p_mass=self.p_mass + other.p_mass,
+            seq_bins=SparseBins.concat([self.seq_bins, other.seq_bins], stride)
+            or SparseBins.empty(SEQ_BIN_VALUES),
+            sources=self.sources + other.sources,
+        )
+
+    __add__ = merge
+
+    # ---- Arrow conversion (the on-disk columns of pipeline.schema) ----------
+
+    def to_arrow(self) -> dict[str, pa.Table]:
+        cb, sb = self.class_bins, self.seq_bins
+        top1_rows = np.flatnonzero(self.top1_n)
+        return {
+            "class_bins": pa.table(
+                {
+                    "class_id": cb.ids.astype(np.int32),
+                    "bin": cb.bins,
+                    "n": cb.values["n"].astype(np.int64),
+                    "p_sum": cb.values["p_sum"].astype(np.float64),
+                    "hits": cb.values["hits"].astype(np.int64),
+                },
+                schema=schema.CLASS_BINS,
+            ),
+            "top1_bins": pa.table(
+                {
+                    "bin": (top1_rows + 1).astype(np.int32),
+                    "n": self.top1_n[top1_rows],
+                    "conf_sum": self.top1_conf_sum[top1_rows],
+                    "correct": self.top1_correct[top1_rows],
+                },
+                schema=schema.TOP1_BINS,
+            ),
+            "tokens": pa.table(
+                {
+                    "class_id": np.arange(self.vocab_size, dtype=np.int32),
+                    "label_count": self.label_count,
+                    "top1_count": self.top1_count,
+                    "p_mass": self.p_mass,
+                },
+                schema=schema.TOKENS,
+            ),
+            "seq_bins": pa.table(
+                {"seq_id": sb.ids.astype(np.int64), "bin": sb.bins}
+                | {k: sb.values[k] for k in SEQ_BIN_VALUES},
+                schema=schema.SEQ_BINS,
+            ),
+        }
+
+    @classmethod
+    def from_arrow(
+        cls, tables: dict[str, pa.Table], *, fine_bins: int, vocab_size: int, positions: int,
+        tail_max: float, sources=None,
+    ) -> BinTables:
+        """Tables from Arrow (possibly unsorted, with repeated keys: they are summed)."""
+        stride = fine_bins + 1
+
+        def col(table, name, dtype):
+            return table.column(name).to_numpy().astype(dtype, copy=False)
+
+        cb = tables["class_bins"]
+        class_bins = SparseBins.from_parts(
+            col(cb, "class_id", np.int64), col(cb, "bin", np.int64),
+            {"n": col(cb, "n", np.int64), "p_sum": col(cb, "p_sum", np.float64),
+             "hits": col(cb, "hits", np.int64)},
+            stride,
+        )
+        t1 = tables["top1_bins"]
+        idx = col(t1, "bin", np.int64) - 1
+
+        def dense(values, size, dtype, index):
+            out = np.zeros(size, dtype)
+            np.add.at(out, index, values)
+            return out
+
+        tok = tables["tokens"]
+        cid = col(tok, "class_id", np.int64)
+        sb = tables["seq_bins"]
+        seq_bins = SparseBins.from_parts(
+            col(sb, "seq_id", np.int64), col(sb, "bin", np.int64),
+            {k: col(sb, k, np.float64 if k in ("p_sum", "conf_sum") else np.int64)
+             for k in SEQ_BIN_VALUES},
+            stride,
+        )
+        for name, ids, bins in (("class_bins", class_bins.ids, class_bins.bins),
+                                ("seq_bins", seq_bins.ids, seq_bins.bins)):
+            if bins.size and (bins.min() < 1 or bins.max() > fine_bins):
+                raise ValueError(f"{name}: bin outside 1..{fine_bins}")
+        if class_bins.ids.size and (class_bins.ids.min() < 0 or class_bins.ids.max() >= vocab_size):
+            raise ValueError(f"class_bins: class_id outside [0, {vocab_size})")
+        return cls(
+            fine_bins=fine_bins,
+            vocab_size=vocab_size,
+            positions=int(positions),
+            tail_max=float(tail_max),
+            class_bins=class_bins,
+            top1_n=dense(col(t1, "n", np.int64), fine_bins, np.int64, idx),
+            top1_conf_sum=dense(col(t1, "conf_sum", np.float64), fine_bins, np.float64, idx),
+            top1_correct=dense(col(t1, "correct", np.int64), fine_bins, np.int64, idx),
+            label_count=dense(col(tok, "label_count", np.int64), vocab_size, np.int64, cid),
+            top1_count=dense(col(tok, "top1_count", np.int64), vocab_size, np.int64, cid),
+            p_mass=dense(col(tok, "p_mass", np.float64), vocab_size, np.float64, cid),
+            seq_bins=seq_bins,
+            sources=list(sources or []),
+        )

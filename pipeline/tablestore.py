@@ -1,0 +1,71 @@
+"""Bin tables on disk: ``DIR/{class_bins,top1_bins,tokens,seq_bins}.parquet``
+plus ``DIR/meta.json`` (schema version, F, K, N, tail_max, m_exact, sources).
+
+Parquet is the source of truth (any DuckDB/Polars/Spark reads it); meta.json
+carries the scalars the tables cannot (N counts positions, not rows).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from pipeline import __version__, atomic
+from pipeline.schema import SCHEMA_VERSION, check_table_schema, check_version
+from pipeline.tables import BinTables
+
+TABLE_NAMES = ("class_bins", "top1_bins", "tokens", "seq_bins")
+META_NAME = "meta.json"
+
+
+def save_tables(tables: BinTables, directory, extra_meta: dict | None = None) -> Path:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.to_arrow().items():
+        with atomic.atomic_path(directory / f"{name}.parquet") as tmp:
+            pq.write_table(table, tmp, compression="zstd")
+    meta = {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "fullece", "version": __version__},
+        "fine_bins": tables.fine_bins,
+        "vocab_size": tables.vocab_size,
+        "positions": tables.positions,
+        "tail_max": tables.tail_max,
+        "m_exact": tables.m_exact,
+        "sources": tables.sources,
+    }
+    meta.update(extra_meta or {})
+    atomic.write_json(directory / META_NAME, meta)  # last: marks the tables complete
+    return directory
+
+
+def read_meta(directory) -> dict:
+    path = Path(directory) / META_NAME
+    if not path.exists():
+        raise FileNotFoundError(f"{directory}: no bin tables here (missing {META_NAME})")
+    meta = json.loads(path.read_text())
+    check_version(meta.get("schema_version"), str(path))
+    return meta
+
+
+def load_tables(directory) -> BinTables:
+    directory = Path(directory)
+    meta = read_meta(directory)
+    arrow = {}
+    for name in TABLE_NAMES:
+        path = directory / f"{name}.parquet"
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: missing bin table")
+        table = pq.read_table(path)
+        check_table_schema(table.schema, name, str(path))
+        arrow[name] = table
+    return BinTables.from_arrow(
+        arrow,
+        fine_bins=meta["fine_bins"],
+        vocab_size=meta["vocab_size"],
+        positions=meta["positions"],
+        tail_max=meta["tail_max"],
+        sources=meta.get("sources"),
+    )

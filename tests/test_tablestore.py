@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.accumulator import CalibrationAccumulator
+from pipeline.metrics import compute_metrics
+from pipeline.schema import SchemaVersionError
+from pipeline.tablestore import load_tables, save_tables
+
+
+def _tables():
+    rng = np.random.default_rng(0)
+    x = rng.normal(scale=3, size=(60, 11))
+    p = (np.exp(x) / np.exp(x).sum(1, keepdims=True)).astype(np.float32)
+    acc = CalibrationAccumulator(11)
+    acc.update(p, rng.integers(0, 11, 60), seq_ids=np.arange(60) // 6)
+    return acc.compute()
+
+
+def test_round_trip(tmp_path):
+    t = _tables()
+    save_tables(t, tmp_path / "tables")
+    back = load_tables(tmp_path / "tables")
+    assert compute_metrics(back) == compute_metrics(t)
+    for name, table in t.to_arrow().items():
+        assert back.to_arrow()[name].equals(table), name
+
+
+def test_unknown_version_is_refused(tmp_path):
+    save_tables(_tables(), tmp_path)
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    meta["schema_version"] = 99
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(SchemaVersionError, match="schema version 99 is not supported"):
+        load_tables(tmp_path)
+
+
+def test_wrong_columns_are_named(tmp_path):
+    save_tables(_tables(), tmp_path)
+    pq.write_table(pa.table({"class_id": [1]}), tmp_path / "tokens.parquet")
+    with pytest.raises(ValueError, match="tokens.parquet: not a tokens table: missing column"):
+        load_tables(tmp_path)
