@@ -42,62 +42,56 @@ _COMPACT_ROWS = 4_000_000  # sparse parts are group-summed past this many rows
 class _DenseSummary:
     """What one dense block reduces to (all numpy, small except col_sums [K])."""
 
-    row_sums: np.ndarray  # float64 [b]
+    row_sums: np.ndarray  # [b]; float64 when seq_bins need them
     col_sums: np.ndarray  # float64 [K]
     rows: np.ndarray  # int64 [nnz] entries above the bin-1 threshold
     cols: np.ndarray  # int64 [nnz]
     vals: np.ndarray  # float32 [nnz]
     min_value: float
     label_probs: np.ndarray  # float32 [b]
-    fallback_rows: np.ndarray  # rows with no entry above the threshold
-    fallback_top1: np.ndarray  # their argmax (first index among ties)
-    fallback_top1_prob: np.ndarray
+    top1_id: np.ndarray  # int64 [b], argmax: first index among ties
+    top1_prob: np.ndarray  # float32 [b]
 
 
-def _summarise_numpy(p: np.ndarray, labels: np.ndarray, threshold: np.float32) -> _DenseSummary:
+def _summarise_numpy(p, labels, threshold, exact_row_sums) -> _DenseSummary:
     b, k = p.shape
     flat = np.flatnonzero(p > threshold)
     rows, cols = np.divmod(flat, k)
-    has_big = np.zeros(b, bool)
-    has_big[rows] = True
-    fallback = np.flatnonzero(~has_big)
-    fb_top1 = p[fallback].argmax(axis=1) if fallback.size else np.zeros(0, np.int64)
+    top1 = p.argmax(axis=1)
     return _DenseSummary(
-        row_sums=p.sum(axis=1, dtype=np.float64),
+        # float32 row sums suffice to validate rows; seq_bins needs them exact
+        row_sums=p.sum(axis=1, dtype=np.float64 if exact_row_sums else np.float32),
         col_sums=p.sum(axis=0, dtype=np.float64),
         rows=rows,
         cols=cols,
         vals=p.ravel()[flat],
         min_value=float(p.min()),
         label_probs=p[np.arange(b), labels],
-        fallback_rows=fallback,
-        fallback_top1=fb_top1,
-        fallback_top1_prob=p[fallback, fb_top1] if fallback.size else np.zeros(0, np.float32),
+        top1_id=top1,
+        top1_prob=p[np.arange(b), top1],
     )
 
 
-def _summarise_torch(p, labels: np.ndarray, threshold: np.float32) -> _DenseSummary:
+def _summarise_torch(p, labels, threshold, exact_row_sums) -> _DenseSummary:
     import torch  # only reached with a torch tensor in hand
 
     b, k = p.shape
     lab = torch.as_tensor(labels, device=p.device)
     big = p > float(threshold)
     rows, cols = big.nonzero(as_tuple=True)
-    has_big = big.any(dim=1)
-    fallback = (~has_big).nonzero(as_tuple=True)[0]
-    fb_top1 = p[fallback].argmax(dim=1) if fallback.numel() else fallback
+    top1 = p.argmax(dim=1)  # first maximal index, as numpy
+    arange = torch.arange(b, device=p.device)
     return _DenseSummary(
-        row_sums=p.sum(dim=1, dtype=torch.float64).cpu().numpy(),
+        row_sums=p.sum(dim=1, dtype=torch.float64 if exact_row_sums else torch.float32)
+        .cpu().numpy().astype(np.float64),
         col_sums=p.sum(dim=0, dtype=torch.float64).cpu().numpy(),
         rows=rows.cpu().numpy().astype(np.int64),
         cols=cols.cpu().numpy().astype(np.int64),
         vals=p[rows, cols].cpu().numpy(),
         min_value=float(p.min()),
-        label_probs=p[torch.arange(b, device=p.device), lab].cpu().numpy(),
-        fallback_rows=fallback.cpu().numpy().astype(np.int64),
-        fallback_top1=fb_top1.cpu().numpy().astype(np.int64),
-        fallback_top1_prob=p[fallback, fb_top1].cpu().numpy() if fallback.numel()
-        else np.zeros(0, np.float32),
+        label_probs=p[arange, lab].cpu().numpy(),
+        top1_id=top1.cpu().numpy().astype(np.int64),
+        top1_prob=p[arange, top1].cpu().numpy(),
     )
 
 
@@ -129,12 +123,14 @@ def _softmax_of_record(logits, logsumexp=None):
     return np.exp(x - lse[:, None])
 
 
-def _first_max_per_row(rows, cols, vals):
-    """Per row present in `rows`: the largest value, lowest column among ties."""
-    order = np.lexsort((cols, -vals.astype(np.float64), rows))
-    r = rows[order]
-    first = np.flatnonzero(np.r_[True, r[1:] != r[:-1]]) if r.size else r
-    return r[first], cols[order][first], vals[order][first]
+def _first_max_per_row(offsets, ids, vals):
+    """Per row of a flat list layout: the largest value, lowest id among ties."""
+    starts = offsets[:-1]
+    row_max = np.maximum.reduceat(vals, starts)
+    rows = np.repeat(np.arange(starts.size), np.diff(offsets))
+    candidate = np.where(vals == row_max[rows], ids, np.iinfo(np.int64).max)
+    top1 = np.minimum.reduceat(candidate, starts)
+    return top1, row_max
 
 
 class CalibrationAccumulator:
@@ -217,7 +213,7 @@ class CalibrationAccumulator:
                 chunk = np.ascontiguousarray(chunk)
             summarise = _summarise_torch if torch_input else _summarise_numpy
             lab = labels[start:stop]
-            summary = summarise(chunk, lab, self._threshold)
+            summary = summarise(chunk, lab, self._threshold, seq_ids is not None)
             self._fold_dense(summary, lab, None if seq_ids is None else seq_ids[start:stop])
 
     def _fold_dense(self, s: _DenseSummary, labels: np.ndarray, seq_ids) -> None:
@@ -236,11 +232,7 @@ class CalibrationAccumulator:
         hit = (s.cols == labels[s.rows]).astype(np.int64)
         self._add_class_part(s.cols, fine, np.ones_like(hit), vals64, hit)
 
-        top1_id = np.empty(b, np.int64)
-        top1_prob = np.empty(b, np.float32)
-        r, c, v = _first_max_per_row(s.rows, s.cols, s.vals)
-        top1_id[r], top1_prob[r] = c, v
-        top1_id[s.fallback_rows], top1_prob[s.fallback_rows] = s.fallback_top1, s.fallback_top1_prob
+        top1_id, top1_prob = s.top1_id, s.top1_prob
         self._add_top1(top1_id, top1_prob, labels)
         self._label_count += np.bincount(labels, minlength=k)
         self._p_mass += s.col_sums
@@ -353,9 +345,7 @@ class CalibrationAccumulator:
         fine = fine_bin_index(vals, f)
         self._add_class_part(ids, fine, np.ones_like(hit), vals64, hit)
         if top1_ids is None:
-            _, top1_id, top1_prob = _first_max_per_row(rows, ids, vals)
-            if top1_id.size != n:
-                raise InputError("a row without kept entries has no top-1")
+            top1_id, top1_prob = _first_max_per_row(offsets, ids, vals)
         else:
             top1_id = check_labels(top1_ids, n, k, row_offset=self.positions)
             top1_prob = to_numpy(top1_probs).astype(np.float32)
@@ -407,12 +397,16 @@ class CalibrationAccumulator:
         return seq_ids.astype(np.int64)
 
     def _add_class_part(self, ids, bins, n, p_sum, hits):
+        # raw (ungrouped) rows; grouped in bulk, which is far cheaper per row
         self._class_parts.append(
-            SparseBins.from_parts(ids, bins, {"n": n, "p_sum": p_sum, "hits": hits},
-                                  self.fine_bins + 1)
-        )
-        if sum(len(p) for p in self._class_parts) > _COMPACT_ROWS:
-            self._class_parts = [SparseBins.concat(self._class_parts, self.fine_bins + 1)]
+            SparseBins(np.asarray(ids, np.int64), np.asarray(bins, np.int32),
+                       {"n": n, "p_sum": p_sum, "hits": hits}))
+        self._class_parts = self._compact(self._class_parts)
+
+    def _compact(self, parts: list[SparseBins]) -> list[SparseBins]:
+        if len(parts) > 1 and sum(len(p) for p in parts) > _COMPACT_ROWS:
+            return [SparseBins.concat(parts, self.fine_bins + 1, group_single=True)]
+        return parts
 
     def _add_top1(self, top1_id, top1_prob, labels):
         f = self.fine_bins
@@ -430,9 +424,9 @@ class CalibrationAccumulator:
             entry_rows[keep], entry_bins[keep], entry_n[keep], entry_p[keep], entry_hits[keep])
         m = entry_rows.size
         zeros_i, zeros_f = np.zeros(m, np.int64), np.zeros(m, np.float64)
-        part = SparseBins.from_parts(
-            np.r_[seq_ids[entry_rows], seq_ids],
-            np.r_[entry_bins, fine_bin_index(top1_prob, self.fine_bins)],
+        part = SparseBins(
+            np.r_[seq_ids[entry_rows], seq_ids].astype(np.int64),
+            np.r_[entry_bins, fine_bin_index(top1_prob, self.fine_bins)].astype(np.int32),
             {
                 "n": np.r_[entry_n, np.zeros(b, np.int64)],
                 "p_sum": np.r_[entry_p, np.zeros(b)],
@@ -441,11 +435,9 @@ class CalibrationAccumulator:
                 "conf_sum": np.r_[zeros_f, top1_prob.astype(np.float64)],
                 "correct": np.r_[zeros_i, correct.astype(np.int64)],
             },
-            self.fine_bins + 1,
         )
         self._seq_parts.append(part)
-        if sum(len(p) for p in self._seq_parts) > _COMPACT_ROWS:
-            self._seq_parts = [SparseBins.concat(self._seq_parts, self.fine_bins + 1)]
+        self._seq_parts = self._compact(self._seq_parts)
 
     # ---------------------------------------------------------------- results
 
@@ -465,8 +457,8 @@ class CalibrationAccumulator:
             {"n": self._bin1_n[present], "p_sum": self._bin1_p_sum[present],
              "hits": self._bin1_hits[present]},
         )
-        class_bins = SparseBins.concat([bin1, *self._class_parts], stride)
-        seq_bins = SparseBins.concat(self._seq_parts, stride)
+        class_bins = SparseBins.concat([bin1, *self._class_parts], stride, group_single=True)
+        seq_bins = SparseBins.concat(self._seq_parts, stride, group_single=True)
         return BinTables(
             fine_bins=self.fine_bins,
             vocab_size=self.vocab_size,

@@ -27,6 +27,17 @@ def group_sum(keys: np.ndarray, values: dict[str, np.ndarray]):
     keys = np.asarray(keys, dtype=np.int64)
     if keys.size == 0:
         return keys, {k: np.asarray(v)[:0] for k, v in values.items()}
+    lo, hi = int(keys.min()), int(keys.max())
+    if hi - lo < max(1 << 20, 4 * keys.size):
+        # a small key range: dense bincount beats sorting by far
+        shifted = keys - lo
+        present = np.flatnonzero(np.bincount(shifted, minlength=hi - lo + 1))
+        sums = {}
+        for name, v in values.items():
+            v = np.asarray(v)
+            total = np.bincount(shifted, weights=v, minlength=hi - lo + 1)[present]
+            sums[name] = total.astype(np.int64) if v.dtype.kind in "iub" else total
+        return present + lo, sums
     order = np.argsort(keys, kind="stable")
     sorted_keys = keys[order]
     starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
@@ -58,11 +69,12 @@ class SparseBins:
         return cls((ukey // stride).astype(np.int64), (ukey % stride).astype(np.int32), sums)
 
     @classmethod
-    def concat(cls, parts: list[SparseBins], stride: int) -> SparseBins:
+    def concat(cls, parts: list[SparseBins], stride: int, group_single: bool = False) -> SparseBins:
+        """Sum of several tables (or of raw, ungrouped rows with group_single)."""
         parts = [p for p in parts if p.ids.size]
         if not parts:
             return None
-        if len(parts) == 1:
+        if len(parts) == 1 and not group_single:
             return parts[0]
         names = parts[0].values.keys()
         return cls.from_parts(
