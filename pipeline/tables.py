@@ -241,8 +241,8 @@ class BinTables:
              for k in SEQ_BIN_VALUES},
             stride,
         )
-        for name, ids, bins in (("class_bins", class_bins.ids, class_bins.bins),
-                                ("seq_bins", seq_bins.ids, seq_bins.bins)):
+        for name, bins in (("class_bins", class_bins.bins),
+                           ("seq_bins", seq_bins.bins)):
             if bins.size and (bins.min() < 1 or bins.max() > fine_bins):
                 raise ValueError(f"{name}: bin outside 1..{fine_bins}")
         if class_bins.ids.size and (class_bins.ids.min() < 0 or class_bins.ids.max() >= vocab_size):
