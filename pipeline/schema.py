@@ -4,7 +4,7 @@ Run directory (written by ``fullece extract``)::
 
     RUN_DIR/manifest.json                  run identity, settings, shards, m_exact
     RUN_DIR/shards/positions-00000.parquet one row per position (both stores)
-    RUN_DIR/shards/class_tail-00000.parquet per-class tail count/mass (topk store)
+    RUN_DIR/shards/class_tail-00000.parquet per-class tail count/mass (both stores)
     RUN_DIR/shards/logits-00000.zarr       full store: logits [n, K] + logsumexp [n]
     RUN_DIR/tables/*.parquet               bin tables (written by ``fullece aggregate``)
 
@@ -57,7 +57,9 @@ POSITIONS = pa.schema(
     metadata={"fullece.table": "positions", "fullece.schema_version": str(SCHEMA_VERSION)},
 )
 
-# Per shard, per class: tail pairs summed over the shard's positions.
+# Per shard, per class: tail pairs summed over the shard's positions (both stores;
+# in the full store it describes the positions table's kept lists, while the
+# Zarr logits remain the source of truth for aggregation).
 CLASS_TAIL = pa.schema(
     [
         pa.field("class_id", pa.int32(), nullable=False),
@@ -121,7 +123,7 @@ TABLE_SCHEMAS = {
     "seq_bins": SEQ_BINS,
 }
 
-# Full store: Zarr v3 group per shard.
+# Full store: Zarr v3 group per shard (attribute fullece.schema_version).
 ZARR_ARRAYS = {
     "logits": {"shape": "[n, K]", "dtype": "float16 | float32", "chunks": "[rows, K]",
                "codecs": "bytes + blosc(zstd, clevel=1, shuffle)"},
