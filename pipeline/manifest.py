@@ -55,3 +55,88 @@ def load_manifest(run_dir) -> dict:
         if key not in manifest:
             raise RunError(f"{path}: required field {key!r} is missing")
     return manifest
+
+
+# --------------------------------------------------------------------------
+# Writing, hashing and exactness helpers (used by extraction and validate).
+
+MANIFEST_SCHEMA_FILE = "manifest.v1.schema.json"
+_HASH_BLOCK = 1 << 22
+
+
+def manifest_schema_path() -> Path:
+    """schemas/manifest.v1.schema.json beside the package (a checkout or sdist)."""
+    return Path(__file__).resolve().parent.parent / "schemas" / MANIFEST_SCHEMA_FILE
+
+
+def save_manifest(run_dir, manifest: dict) -> None:
+    """Rewrite RUN_DIR/manifest.json atomically (readers see old or new, never half)."""
+    from pipeline.atomic import write_json
+
+    write_json(manifest_path(run_dir), manifest)
+
+
+def file_sha256(path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def path_sha256(path) -> str:
+    """sha256 of a file, or of a directory tree (a Zarr store).
+
+    A directory hashes the sorted lines ``relpath\\0sha256(file)\\n`` of every
+    regular file below it, so any changed, added or removed file changes it.
+    """
+    import hashlib
+    import os
+
+    path = Path(path)
+    if not path.is_dir():
+        return file_sha256(path)
+    lines = []
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files):
+            full = Path(root) / name
+            rel = full.relative_to(path).as_posix()
+            lines.append(f"{rel}\0{file_sha256(full)}\n")
+    h = hashlib.sha256()
+    for line in sorted(lines):
+        h.update(line.encode())
+    return h.hexdigest()
+
+
+def m_exact_from_tail_max(tail_max) -> int | None:
+    """Largest integer M with float64(tail_max) * M <= 1; None when tail_max == 0.
+
+    Defers to pipeline.binning (the one owner of the binning rule) when present.
+    """
+    try:
+        from pipeline.binning import m_exact_from_tail_max as core
+    except ImportError:
+        core = None
+    if core is not None:
+        return core(tail_max)
+    t = float(tail_max)
+    if t <= 0.0:
+        return None
+    m = int(1.0 / t)
+    while m > 0 and m * t > 1.0:
+        m -= 1
+    while (m + 1) * t <= 1.0:
+        m += 1
+    return m
+
+
+def summarize_shards(manifest: dict) -> None:
+    """Recompute the run-level totals (positions, tail_max, m_exact) from the shards."""
+    shards = manifest.get("shards", [])
+    manifest["positions"] = int(sum(s["rows"] for s in shards))
+    tail_max = max((float(s["tail_max"]) for s in shards), default=0.0)
+    manifest["tail_max"] = tail_max
+    manifest["m_exact"] = m_exact_from_tail_max(tail_max)

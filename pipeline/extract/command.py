@@ -1,0 +1,152 @@
+"""`fullece extract`: the click command (torch is imported only when it runs)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command(context_settings={"show_default": True})
+@click.option(
+    "--model",
+    "model",
+    required=True,
+    type=click.Path(path_type=str),
+    help="Local Hugging Face causal LM directory (never downloaded).",
+)
+@click.option(
+    "--corpus",
+    required=True,
+    type=click.Path(path_type=str),
+    help=".txt (one document per non-empty line), .jsonl or .parquet.",
+)
+@click.option(
+    "--out", required=True, type=click.Path(path_type=str), help="Run directory to write."
+)
+@click.option(
+    "--store",
+    type=click.Choice(["topk", "full"]),
+    default="topk",
+    help="topk: kept entries + tail summary (Parquet); full: also every logit (Zarr).",
+)
+@click.option("--k", "k", type=int, default=64, help="Top-k entries kept per position.")
+@click.option("--tau", type=float, default=1e-3, help="Also keep every entry with p > tau.")
+@click.option(
+    "--max-length",
+    type=int,
+    default=None,
+    help="Window length in tokens [default: model context, at most 2048].",
+)
+@click.option(
+    "--stride",
+    type=int,
+    default=None,
+    help="Step between windows of a long document [default: max-length / 2].",
+)
+@click.option("--batch-size", type=int, default=8, help="Windows per forward pass.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto")
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+    default="auto",
+    help="Model weights dtype (auto: as saved).",
+)
+@click.option(
+    "--shard-positions",
+    type=int,
+    default=None,
+    help="Close a shard at the first document boundary after this many positions "
+    "[default: 1048576 for topk; ~4 GiB of logits for full].",
+)
+@click.option(
+    "--slice",
+    "slice_",
+    default="0/1",
+    help="i/n: process only documents with doc_id % n == i (0-based), for n machines.",
+)
+@click.option(
+    "--text-field", default="text", help="Field (.jsonl) or column (.parquet) holding the text."
+)
+@click.option(
+    "--corpus-format",
+    type=click.Choice(["auto", "txt", "jsonl", "parquet"]),
+    default="auto",
+    help="Corpus format (auto: from the file suffix).",
+)
+@click.option(
+    "--tokenizer",
+    default=None,
+    type=click.Path(path_type=str),
+    help="Tokenizer directory [default: the model directory].",
+)
+@click.option(
+    "--label", default=None, help="Run name shown by `compare` [default: model dir name]."
+)
+@click.option("--overwrite", is_flag=True, help="Replace a different run already in --out.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def extract(
+    model,
+    corpus,
+    out,
+    store,
+    k,
+    tau,
+    max_length,
+    stride,
+    batch_size,
+    device,
+    dtype,
+    shard_positions,
+    slice_,
+    text_field,
+    corpus_format,
+    tokenizer,
+    label,
+    overwrite,
+    quiet,
+):
+    """Run a causal LM once over a corpus and write shards to a run directory.
+
+    Every position records its kept entries (top-k ∪ {p > tau} ∪ {label}) and
+    an exact tail summary, so all later analysis needs no GPU. Rerunning the
+    same command resumes after the last committed shard.
+
+    \b
+    Example:
+      fullece extract --model models/ckpt --corpus test.txt --out runs/ckpt
+    """
+    from pipeline.extract.errors import ExtractError
+    from pipeline.manifest import RunError
+    from pipeline.schema import SchemaVersionError
+
+    try:
+        from pipeline.extract.run import run_extraction
+
+        manifest = run_extraction(
+            model,
+            corpus,
+            out,
+            store=store,
+            k=k,
+            tau=tau,
+            max_length=max_length,
+            stride=stride,
+            batch_size=batch_size,
+            device=device,
+            dtype=dtype,
+            shard_positions=shard_positions,
+            slice=slice_,
+            text_field=text_field,
+            corpus_format=corpus_format,
+            tokenizer=tokenizer,
+            label=label,
+            overwrite=overwrite,
+            progress=not quiet,
+        )
+    except (ExtractError, RunError, SchemaVersionError) as err:
+        raise click.ClickException(str(err)) from err
+    m_exact = manifest.get("m_exact")
+    click.echo(
+        f"{out}: {manifest['positions']} positions in {len(manifest['shards'])} shard(s), "
+        f"K = {manifest['vocab_size']}, skipped documents: {manifest['skipped_documents']}, "
+        f"M_exact = {'every M' if m_exact is None else m_exact}"
+    )

@@ -1,0 +1,137 @@
+"""Reading a corpus: .txt (one document per non-empty line), .jsonl, .parquet.
+
+Document ids are the 0-based index of the document in the corpus (blank
+lines of a .txt are not documents). No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.extract.errors import ExtractError
+
+FORMATS = ("txt", "jsonl", "parquet")
+_SUFFIXES = {
+    ".txt": "txt",
+    ".text": "txt",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+
+
+def detect_format(path, fmt: str | None = None) -> str:
+    path = Path(path)
+    if fmt and fmt != "auto":
+        if fmt not in FORMATS:
+            raise ExtractError(f"unknown corpus format {fmt!r} (use one of {', '.join(FORMATS)})")
+        return fmt
+    found = _SUFFIXES.get(path.suffix.lower())
+    if found is None:
+        raise ExtractError(
+            f"corpus {path}: cannot tell the format from the suffix {path.suffix!r}; "
+            "use .txt, .jsonl or .parquet, or pass --corpus-format"
+        )
+    return found
+
+
+def check_corpus(path, fmt: str, text_field: str) -> None:
+    """Fail early on a missing file or a table without the text field."""
+    path = Path(path)
+    if not path.exists():
+        raise ExtractError(f"corpus {path}: no such file")
+    if path.is_dir():
+        raise ExtractError(
+            f"corpus {path}: is a directory, expected a .txt, .jsonl or .parquet file"
+        )
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            schema = pq.read_schema(str(path))
+        except Exception as err:  # pyarrow raises several types here
+            raise ExtractError(f"corpus {path}: not a readable Parquet file ({err})") from err
+        if text_field not in schema.names:
+            raise ExtractError(
+                f"corpus {path}: no column {text_field!r} (columns: {', '.join(schema.names)}); "
+                "pass --text-field"
+            )
+
+
+def iter_documents(path, fmt: str, text_field: str = "text"):
+    """Yield (doc_id, text) for every document, in corpus order."""
+    path = Path(path)
+    check_corpus(path, fmt, text_field)
+    if fmt == "txt":
+        yield from _iter_txt(path)
+    elif fmt == "jsonl":
+        yield from _iter_jsonl(path, text_field)
+    else:
+        yield from _iter_parquet(path, text_field)
+
+
+def _iter_txt(path: Path):
+    doc = 0
+    with open(path, encoding="utf-8", newline="") as f:
+        for line in f:
+            text = line.rstrip("\r\n")
+            if not text.strip():
+                continue
+            yield doc, text
+            doc += 1
+
+
+def _iter_jsonl(path: Path, field: str):
+    doc = 0
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ExtractError(f"corpus {path}, line {lineno}: not valid JSON ({err})") from err
+            if not isinstance(obj, dict) or field not in obj:
+                raise ExtractError(
+                    f"corpus {path}, line {lineno}: no field {field!r}; pass --text-field"
+                )
+            text = obj[field]
+            if not isinstance(text, str):
+                raise ExtractError(
+                    f"corpus {path}, line {lineno}: field {field!r} is {type(text).__name__}, not a string"
+                )
+            yield doc, text
+            doc += 1
+
+
+def _iter_parquet(path: Path, field: str):
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(str(path))
+    row = 0
+    for batch in pf.iter_batches(batch_size=8192, columns=[field]):
+        values = batch.column(0).to_pylist()
+        for text in values:
+            if not isinstance(text, str):
+                raise ExtractError(
+                    f"corpus {path}, row {row}: column {field!r} holds {text!r}, not a string"
+                )
+            yield row, text
+            row += 1
+
+
+def count_documents(path, fmt: str, text_field: str = "text") -> int:
+    """Number of documents (cheap: no tokenization)."""
+    path = Path(path)
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(str(path)).metadata.num_rows
+    n = 0
+    with open(path, encoding="utf-8", newline="") as f:
+        for line in f:
+            if line.strip():
+                n += 1
+    return n

@@ -1,0 +1,280 @@
+"""Shard files of a run directory: names, writers and small readers.
+
+No torch here: aggregation and validation import this module. Layout (see
+pipeline/schema.py)::
+
+    RUN_DIR/shards/positions-00000.parquet   one row per position
+    RUN_DIR/shards/class_tail-00000.parquet  K rows: per-class tail count and mass
+    RUN_DIR/shards/logits-00000.zarr         full store: logits [n, K], logsumexp [n]
+
+Only the shards listed in manifest.json are committed; readers go through the
+manifest and never glob the directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.schema import CLASS_TAIL, POSITIONS, SCHEMA_VERSION, check_table_schema, check_version
+
+SHARDS_DIR = "shards"
+PARQUET_COMPRESSION = "zstd"
+PARQUET_COMPRESSION_LEVEL = 3
+ZARR_CLEVEL = 1
+# Rows per Zarr chunk: about this many uncompressed bytes per chunk.
+ZARR_CHUNK_BYTES = 8 << 20
+
+# Column encodings chosen for size: kept ids are ascending within a row (small
+# deltas), floats compress far better split by byte.
+_POSITIONS_ENCODING = {
+    "doc_id": "DELTA_BINARY_PACKED",
+    "window": "DELTA_BINARY_PACKED",
+    "offset": "DELTA_BINARY_PACKED",
+    "label": "PLAIN",
+    "label_prob": "BYTE_STREAM_SPLIT",
+    "top1_id": "PLAIN",
+    "top1_prob": "BYTE_STREAM_SPLIT",
+    "entropy": "BYTE_STREAM_SPLIT",
+    "kept_ids": "DELTA_BINARY_PACKED",
+    "kept_probs": "BYTE_STREAM_SPLIT",
+    "tail_count": "DELTA_BINARY_PACKED",
+    "tail_mass": "BYTE_STREAM_SPLIT",
+    "tail_max": "BYTE_STREAM_SPLIT",
+}
+_POSITIONS_PATHS = {
+    name: (f"{name}.list.element" if name in ("kept_ids", "kept_probs") else name)
+    for name in _POSITIONS_ENCODING
+}
+
+
+def shard_names(index: int) -> dict[str, str]:
+    """Relative paths (from RUN_DIR) of shard `index`'s files."""
+    return {
+        "positions": f"{SHARDS_DIR}/positions-{index:05d}.parquet",
+        "class_tail": f"{SHARDS_DIR}/class_tail-{index:05d}.parquet",
+        "logits": f"{SHARDS_DIR}/logits-{index:05d}.zarr",
+    }
+
+
+# ----------------------------------------------------------------- writing
+
+
+def positions_writer(path) -> pq.ParquetWriter:
+    """A ParquetWriter for a positions table (zstd, size-oriented encodings)."""
+    return pq.ParquetWriter(
+        str(path),
+        POSITIONS,
+        compression=PARQUET_COMPRESSION,
+        compression_level=PARQUET_COMPRESSION_LEVEL,
+        use_dictionary=False,
+        column_encoding={_POSITIONS_PATHS[k]: v for k, v in _POSITIONS_ENCODING.items()},
+        write_statistics=["doc_id", "offset", "label"],
+        store_schema=True,
+    )
+
+
+def positions_batch(cols: dict) -> pa.RecordBatch:
+    """Build a positions RecordBatch from numpy columns.
+
+    `cols` holds one array per scalar column of POSITIONS plus ``kept_counts``
+    (int, per row) and flat ``kept_ids`` / ``kept_probs`` (row-major).
+    """
+    counts = np.asarray(cols["kept_counts"], dtype=np.int64)
+    offsets = np.zeros(len(counts) + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    offsets_arr = pa.array(offsets, type=pa.int32())
+    arrays = []
+    for field in POSITIONS:
+        if field.name in ("kept_ids", "kept_probs"):
+            values = pa.array(
+                np.asarray(cols[field.name], dtype=field.type.value_type.to_pandas_dtype())
+            )
+            arrays.append(pa.ListArray.from_arrays(offsets_arr, values, type=field.type))
+        else:
+            arrays.append(
+                pa.array(np.asarray(cols[field.name], dtype=field.type.to_pandas_dtype()))
+            )
+    return pa.RecordBatch.from_arrays(arrays, schema=POSITIONS)
+
+
+def write_class_tail(path, tail_count: np.ndarray, tail_mass: np.ndarray) -> None:
+    """Write a class_tail table: K rows, class_id 0..K-1 (caller makes it atomic)."""
+    k = len(tail_count)
+    table = pa.Table.from_arrays(
+        [
+            pa.array(np.arange(k, dtype=np.int32)),
+            pa.array(np.asarray(tail_count, dtype=np.int64)),
+            pa.array(np.asarray(tail_mass, dtype=np.float64)),
+        ],
+        schema=CLASS_TAIL,
+    )
+    pq.write_table(
+        table,
+        str(path),
+        compression=PARQUET_COMPRESSION,
+        compression_level=PARQUET_COMPRESSION_LEVEL,
+        use_dictionary=False,
+        column_encoding={
+            "class_id": "DELTA_BINARY_PACKED",
+            "tail_count": "DELTA_BINARY_PACKED",
+            "tail_mass": "BYTE_STREAM_SPLIT",
+        },
+    )
+
+
+def zarr_chunk_rows(vocab_size: int, itemsize: int) -> int:
+    return max(1, ZARR_CHUNK_BYTES // max(1, vocab_size * itemsize))
+
+
+def create_logits_store(path, rows: int, vocab_size: int, dtype, chunk_rows: int | None = None):
+    """Create the Zarr v3 group of a full-store shard; returns (logits, logsumexp) arrays.
+
+    The shape is final from the start (the shard's rows are planned before it
+    is computed), so no resize ever happens; the caller writes whole chunks.
+    """
+    import zarr
+    from zarr.codecs import BloscCodec
+
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float16, np.float32):
+        raise ValueError(f"logits dtype must be float16 or float32, not {dtype}")
+    chunk_rows = chunk_rows or zarr_chunk_rows(vocab_size, dtype.itemsize)
+    chunk_rows = max(1, min(chunk_rows, max(rows, 1)))
+    group = zarr.open_group(str(path), mode="w", zarr_format=3)
+    group.attrs.update(
+        {
+            "fullece.schema_version": SCHEMA_VERSION,
+            "fullece.table": "logits",
+            "rows": int(rows),
+            "vocab_size": int(vocab_size),
+        }
+    )
+
+    def codec(typesize):
+        return BloscCodec(typesize=typesize, cname="zstd", clevel=ZARR_CLEVEL, shuffle="shuffle")
+
+    logits = group.create_array(
+        "logits",
+        shape=(rows, vocab_size),
+        chunks=(chunk_rows, vocab_size),
+        dtype=dtype,
+        compressors=codec(dtype.itemsize),
+        fill_value=0,
+    )
+    lse = group.create_array(
+        "logsumexp",
+        shape=(rows,),
+        chunks=(max(chunk_rows, 4096),),
+        dtype=np.float32,
+        compressors=codec(4),
+        fill_value=0,
+    )
+    return logits, lse
+
+
+# ----------------------------------------------------------------- reading
+
+
+def _shard_path(run_dir, shard: dict, key: str) -> Path:
+    rel = shard.get(key)
+    if not rel:
+        raise ValueError(f"shard {shard.get('index')} has no {key} file in this run")
+    return Path(run_dir) / rel
+
+
+def _manifest(run_dir, manifest):
+    if manifest is None:
+        from pipeline.manifest import load_manifest
+
+        manifest = load_manifest(run_dir)
+    return manifest
+
+
+def open_positions(run_dir, shard: dict) -> pq.ParquetFile:
+    """The positions Parquet file of a shard, its schema and version checked."""
+    path = _shard_path(run_dir, shard, "positions")
+    pf = pq.ParquetFile(str(path))
+    check_table_schema(pf.schema_arrow, "positions", str(path))
+    return pf
+
+
+def read_positions(run_dir, shard: dict, columns=None) -> pa.Table:
+    return open_positions(run_dir, shard).read(columns=columns)
+
+
+def iter_positions(run_dir, manifest: dict | None = None, columns=None, batch_rows: int = 65536):
+    """Yield (shard, pa.RecordBatch) over every committed shard, in shard order."""
+    manifest = _manifest(run_dir, manifest)
+    for shard in manifest["shards"]:
+        pf = open_positions(run_dir, shard)
+        for batch in pf.iter_batches(batch_size=batch_rows, columns=columns):
+            yield shard, batch
+
+
+def kept_arrays(batch) -> dict[str, np.ndarray]:
+    """Flat numpy views of a positions batch, in the accumulator's update_kept layout.
+
+    Returns kept_ids, kept_probs (flat), row_offsets (len n+1) and the scalar
+    columns (label, tail_count, tail_mass, tail_max, top1_id, top1_prob, doc_id).
+    """
+    out = {}
+    ids = batch.column("kept_ids")
+    probs = batch.column("kept_probs")
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks()
+        probs = probs.combine_chunks()
+    offsets = ids.offsets.to_numpy()
+    start, end = int(offsets[0]), int(offsets[-1])
+    out["kept_ids"] = ids.values.to_numpy()[start:end]
+    out["kept_probs"] = probs.values.to_numpy()[start:end]
+    out["row_offsets"] = (offsets - start).astype(np.int64)
+    for name in ("doc_id", "label", "tail_count", "tail_mass", "tail_max", "top1_id", "top1_prob"):
+        if name in batch.schema.names:
+            out[name] = batch.column(name).to_numpy()
+    return out
+
+
+def read_class_tail(run_dir, shard: dict, vocab_size: int | None = None):
+    """(tail_count int64[K], tail_mass float64[K]) of a shard, indexed by class id."""
+    path = _shard_path(run_dir, shard, "class_tail")
+    table = pq.read_table(str(path))
+    check_table_schema(table.schema, "class_tail", str(path))
+    ids = table.column("class_id").to_numpy()
+    k = vocab_size if vocab_size is not None else len(ids)
+    count = np.zeros(k, dtype=np.int64)
+    mass = np.zeros(k, dtype=np.float64)
+    count[ids] = table.column("tail_count").to_numpy()
+    mass[ids] = table.column("tail_mass").to_numpy()
+    return count, mass
+
+
+def open_logits(run_dir, shard: dict):
+    """(logits, logsumexp) Zarr arrays of a full-store shard (read-only)."""
+    import zarr
+
+    path = _shard_path(run_dir, shard, "logits")
+    group = zarr.open_group(str(path), mode="r")
+    check_version(group.attrs.get("fullece.schema_version"), str(path))
+    return group["logits"], group["logsumexp"]
+
+
+def probs_from_logits(logits: np.ndarray, logsumexp: np.ndarray) -> np.ndarray:
+    """The probability of record of the full store: float32 exp(float32(logit) - lse)."""
+    x = np.asarray(logits, dtype=np.float32)
+    x = x - np.asarray(logsumexp, dtype=np.float32)[:, None]
+    np.exp(x, out=x)
+    return x
+
+
+def iter_logit_rows(run_dir, shard: dict, rows: int | None = None):
+    """Yield (start_row, logits float16|float32 [r, K], logsumexp float32 [r]) by chunks."""
+    logits, lse = open_logits(run_dir, shard)
+    n = logits.shape[0]
+    step = rows or logits.chunks[0]
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        yield start, logits[start:stop], lse[start:stop]

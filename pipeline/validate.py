@@ -1,0 +1,194 @@
+"""`fullece validate RUN_DIR`: check every file of a run against its manifest.
+
+Checks, in order, stopping at the first problem: the manifest parses, has a
+known schema version and matches schemas/manifest.v1.schema.json; then, shard
+by shard, every listed file exists and has the recorded sha256, every Parquet
+table has the positions / class_tail columns and version, row counts agree
+with the manifest, and a full-store Zarr group holds logits [rows, K] and
+logsumexp [rows]. No torch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import click
+
+from pipeline.manifest import (
+    RunError,
+    load_manifest,
+    manifest_path,
+    manifest_schema_path,
+    path_sha256,
+)
+from pipeline.schema import SchemaVersionError
+
+_TYPES = {
+    "object": dict,
+    "array": list,
+    "string": str,
+    "boolean": bool,
+    "null": type(None),
+}
+
+
+def _is_type(value, name: str) -> bool:
+    if name == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if name == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, _TYPES[name])
+
+
+def schema_errors(value, schema: dict, where: str = "$") -> list[str]:
+    """Errors of `value` against a JSON Schema (the subset the manifest schema uses:
+    type, const, enum, required, properties, additionalProperties, items,
+    minItems, maxItems, minimum, maximum, pattern)."""
+    errors: list[str] = []
+    if "type" in schema:
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        if not any(_is_type(value, t) for t in types):
+            return [f"{where}: expected {' or '.join(types)}, got {type(value).__name__}"]
+    if "const" in schema and value != schema["const"]:
+        errors.append(f"{where}: must be {schema['const']!r}, got {value!r}")
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{where}: must be one of {schema['enum']}, got {value!r}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append(f"{where}: {value} is below the minimum {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append(f"{where}: {value} is above the maximum {schema['maximum']}")
+    if isinstance(value, str) and "pattern" in schema and not re.search(schema["pattern"], value):
+        errors.append(f"{where}: {value!r} does not match {schema['pattern']}")
+    if isinstance(value, dict):
+        for key in schema.get("required", []):
+            if key not in value:
+                errors.append(f"{where}: required field {key!r} is missing")
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties", True)
+        for key, item in value.items():
+            if key in props:
+                errors += schema_errors(item, props[key], f"{where}.{key}")
+            elif extra is False:
+                errors.append(f"{where}: unexpected field {key!r}")
+            elif isinstance(extra, dict):
+                errors += schema_errors(item, extra, f"{where}.{key}")
+    if isinstance(value, list):
+        if "minItems" in schema and len(value) < schema["minItems"]:
+            errors.append(f"{where}: fewer than {schema['minItems']} items")
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            errors.append(f"{where}: more than {schema['maxItems']} items")
+        if "items" in schema:
+            for i, item in enumerate(value):
+                errors += schema_errors(item, schema["items"], f"{where}[{i}]")
+    return errors
+
+
+def manifest_errors(manifest: dict) -> list[str]:
+    schema = json.loads(manifest_schema_path().read_text())
+    return schema_errors(manifest, schema)
+
+
+def find_problems(run_dir, *, first_only: bool = True) -> list[str]:
+    """Problems of a run directory, as messages naming the file; [] when valid."""
+    run_dir = Path(run_dir)
+    problems: list[str] = []
+
+    def found(msg: str) -> bool:
+        problems.append(msg)
+        return first_only
+
+    try:
+        manifest = load_manifest(run_dir)
+    except (RunError, SchemaVersionError) as err:
+        return [str(err)]
+    for err in manifest_errors(manifest):
+        if found(f"{manifest_path(run_dir)}: {err}"):
+            return problems
+    vocab = manifest["vocab_size"]
+    for shard in manifest["shards"]:
+        for rel, digest in shard["files"].items():
+            path = run_dir / rel
+            if not path.exists():
+                if found(f"{rel}: missing (listed in the manifest, shard {shard['index']})"):
+                    return problems
+                continue
+            if path_sha256(path) != digest:
+                if found(f"{rel}: checksum mismatch (the file changed after it was written)"):
+                    return problems
+        for msg in _shard_content_problems(run_dir, shard, vocab, manifest["store"]):
+            if found(msg):
+                return problems
+    total = sum(s["rows"] for s in manifest["shards"])
+    if manifest.get("positions") != total:
+        found(
+            f"{manifest_path(run_dir)}: positions = {manifest.get('positions')}, "
+            f"but the shards hold {total} rows"
+        )
+    return problems
+
+
+def _shard_content_problems(run_dir: Path, shard: dict, vocab: int, store: str):
+    import pyarrow.parquet as pq
+
+    from pipeline.schema import check_table_schema
+
+    for key, table in (("positions", "positions"), ("class_tail", "class_tail")):
+        rel = shard.get(key)
+        if not rel:
+            if key == "positions" or store == "topk":
+                yield f"shard {shard['index']}: no {key} file in the manifest"
+            continue
+        if rel not in shard["files"]:
+            yield f"{rel}: not covered by a checksum in the manifest"
+            continue
+        try:
+            meta = pq.read_metadata(str(run_dir / rel))
+            check_table_schema(meta.schema.to_arrow_schema(), table, rel)
+        except (OSError, ValueError) as err:
+            yield f"{rel}: {err}"
+            continue
+        expected = shard["rows"] if table == "positions" else vocab
+        if meta.num_rows != expected:
+            yield f"{rel}: {meta.num_rows} rows, the manifest says {expected}"
+    if store == "full":
+        rel = shard.get("logits")
+        if not rel:
+            yield f"shard {shard['index']}: full store without a logits file"
+            return
+        try:
+            from pipeline.shards import open_logits
+
+            logits, lse = open_logits(run_dir, shard)
+        except Exception as err:  # noqa: BLE001 - zarr raises many kinds
+            yield f"{rel}: not a readable Zarr group ({err})"
+            return
+        if tuple(logits.shape) != (shard["rows"], vocab):
+            yield f"{rel}: logits shape {tuple(logits.shape)}, expected ({shard['rows']}, {vocab})"
+        elif str(logits.dtype) not in ("float16", "float32"):
+            yield f"{rel}: logits dtype {logits.dtype}, expected float16 or float32"
+        elif tuple(lse.shape) != (shard["rows"],) or str(lse.dtype) != "float32":
+            yield f"{rel}: logsumexp is {lse.dtype}{tuple(lse.shape)}, expected float32 ({shard['rows']},)"
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.option("--all", "show_all", is_flag=True, help="List every problem, not only the first.")
+def validate(run_dir, show_all):
+    """Check RUN_DIR's files against the manifest's checksums and the schemas.
+
+    Exits 0 when every file is intact, 1 naming the first problem otherwise.
+    """
+    problems = find_problems(run_dir, first_only=not show_all)
+    if problems:
+        for msg in problems:
+            click.echo(f"invalid: {msg}", err=True)
+        raise SystemExit(1)
+    manifest = load_manifest(run_dir)
+    state = "complete" if manifest.get("complete") else "incomplete (resume with the same command)"
+    click.echo(
+        f"{run_dir}: valid, {len(manifest['shards'])} shard(s), "
+        f"{manifest['positions']} positions, {state}"
+    )
