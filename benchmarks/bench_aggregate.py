@@ -1,0 +1,402 @@
+"""Aggregation benchmarks (issue 4), ratios measured in the same run.
+
+1. top-k shards (K=32,000, k=64, 5M positions): positions/s of `aggregate`,
+   and the ratio to a plain DuckDB scan (SELECT sum(...) over the same kept
+   entries); target >= 0.5.
+2. full-vocabulary Zarr shards: `aggregate` vs one plain read-and-sum pass
+   over the same Zarr data; target >= 0.5.
+3. peak memory (RSS of a fresh process) aggregating 10M positions at
+   K=128,000; target <= 1.5 GB.
+
+    python -m benchmarks.bench_aggregate --out DIR [--quick]
+
+Prints the figures and writes DIR/aggregate.json. Synthetic shards are made
+with numpy/pyarrow (Zipf-like class ids, decreasing kept probabilities, the
+label always kept) and cached in DIR/data between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.manifest import path_sha256
+from pipeline.schema import CLASS_TAIL, POSITIONS
+
+SHARD_ROWS = 500_000
+DOC_LEN = 512
+
+
+def topk_shard(n, K, k, seed, row0):
+    """One synthetic positions table + per-class tail vectors (consistent)."""
+    rng = np.random.default_rng(seed)
+    base = np.minimum(rng.zipf(1.3, n), K) - 1
+    perm = np.random.default_rng(123).permutation(K).astype(np.int32)
+    ids = perm[(base[:, None] + np.arange(k)[None, :]) % K]
+    head = rng.beta(2, 2, n).astype(np.float32)
+    w = np.arange(1, k, dtype=np.float32) ** -1.2
+    rest = (
+        (1 - head)[:, None]
+        * np.float32(0.9)
+        * (w / w.sum())[None, :]
+        * rng.uniform(0.5, 1.5, (n, k - 1)).astype(np.float32)
+    )
+    probs = np.concatenate([head[:, None], rest], axis=1).astype(np.float32)
+    lab_pos = np.minimum(rng.geometric(0.5, n) - 1, k - 1)
+    rows = np.arange(n)
+    label = ids[rows, lab_pos]
+    tail_mass = np.maximum(1.0 - probs.sum(1, dtype=np.float64), 0.0)
+    offsets = np.arange(0, n * k + 1, k, dtype=np.int32)
+    doc = (row0 + rows) // DOC_LEN
+    table = pa.table(
+        {
+            "doc_id": pa.array(doc.astype(np.int64)),
+            "window": pa.array(np.zeros(n, np.int32)),
+            "offset": pa.array(((row0 + rows) % DOC_LEN + 1).astype(np.int32)),
+            "label": pa.array(label),
+            "label_prob": pa.array(probs[rows, lab_pos]),
+            "top1_id": pa.array(ids[:, 0]),
+            "top1_prob": pa.array(probs[:, 0]),
+            "entropy": pa.array(np.ones(n, np.float32)),
+            "kept_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids.ravel())),
+            "kept_probs": pa.ListArray.from_arrays(pa.array(offsets), pa.array(probs.ravel())),
+            "tail_count": pa.array(np.full(n, K - k, np.int32)),
+            "tail_mass": pa.array(tail_mass),
+            "tail_max": pa.array(np.minimum(probs[:, -1], np.float32(1e-3))),
+        }
+    ).cast(POSITIONS)
+    kept_per_class = np.bincount(ids.ravel(), minlength=K)
+    tail_count = (n - kept_per_class).astype(np.int64)
+    tail_mass_k = tail_count * (tail_mass.sum() / max(tail_count.sum(), 1))
+    tail = pa.table(
+        {
+            "class_id": np.arange(K, dtype=np.int32),
+            "tail_count": tail_count,
+            "tail_mass": tail_mass_k.astype(np.float64),
+        },
+        schema=CLASS_TAIL,
+    )
+    return table, tail
+
+
+def make_topk_run(run_dir: Path, n: int, K: int, k: int) -> Path:
+    if (run_dir / "manifest.json").exists():
+        return run_dir
+    shutil.rmtree(run_dir, ignore_errors=True)
+    (run_dir / "shards").mkdir(parents=True)
+    shards = []
+    for index, start in enumerate(range(0, n, SHARD_ROWS)):
+        rows = min(SHARD_ROWS, n - start)
+        table, tail = topk_shard(rows, K, k, seed=index, row0=start)
+        names = {
+            "positions": f"shards/positions-{index:05d}.parquet",
+            "class_tail": f"shards/class_tail-{index:05d}.parquet",
+        }
+        pq.write_table(
+            table, run_dir / names["positions"], compression="zstd", row_group_size=65536
+        )
+        pq.write_table(tail, run_dir / names["class_tail"], compression="zstd")
+        shards.append(
+            {
+                "index": index,
+                "rows": rows,
+                "tail_max": 1e-3,
+                **names,
+                "logits": None,
+                "files": {rel: f"size:{(run_dir / rel).stat().st_size}" for rel in names.values()},
+            }
+        )
+    _manifest(run_dir, "topk", K, shards, n, 1e-3)
+    return run_dir
+
+
+def make_full_run(run_dir: Path, n: int, K: int, dtype=np.float16) -> Path:
+    if (run_dir / "manifest.json").exists():
+        return run_dir
+    import zarr
+    from zarr.codecs import BloscCodec
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+    (run_dir / "shards").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    chunk = max(1, (8 << 20) // (K * np.dtype(dtype).itemsize))
+    names = {
+        "positions": "shards/positions-00000.parquet",
+        "class_tail": "shards/class_tail-00000.parquet",
+        "logits": "shards/logits-00000.zarr",
+    }
+    group = zarr.open_group(str(run_dir / names["logits"]), mode="w", zarr_format=3)
+    group.attrs.update({"fullece.schema_version": 1, "fullece.table": "logits"})
+    codec = BloscCodec(typesize=np.dtype(dtype).itemsize, cname="zstd", clevel=1, shuffle="shuffle")
+    logits = group.create_array(
+        "logits", shape=(n, K), chunks=(chunk, K), dtype=dtype, compressors=codec
+    )
+    lse_arr = group.create_array("logsumexp", shape=(n,), chunks=(n,), dtype=np.float32)
+    prior = (-1.1 * np.log(np.arange(1, K + 1))).astype(np.float32)
+    lse = np.empty(n, np.float32)
+    labels = np.empty(n, np.int32)
+    top1 = np.empty(n, np.int32)
+    block = chunk * 8
+    for s in range(0, n, block):
+        e = min(n, s + block)
+        x = (rng.standard_normal((e - s, K), dtype=np.float32) * 2.0 + prior * 1.5).astype(dtype)
+        x32 = x.astype(np.float32)
+        m = x32.max(1)
+        lse[s:e] = (m + np.log(np.exp(x32 - m[:, None]).sum(1, dtype=np.float64))).astype(
+            np.float32
+        )
+        top1[s:e] = x32.argmax(1)
+        labels[s:e] = np.where(rng.random(e - s) < 0.4, top1[s:e], rng.integers(0, K, e - s))
+        logits[s:e] = x
+    lse_arr[:] = lse
+    rows = np.arange(n)
+    offsets = np.arange(n + 1, dtype=np.int32)
+    table = pa.table(
+        {
+            "doc_id": pa.array((rows // DOC_LEN).astype(np.int64)),
+            "window": pa.array(np.zeros(n, np.int32)),
+            "offset": pa.array((rows % DOC_LEN + 1).astype(np.int32)),
+            "label": pa.array(labels),
+            "label_prob": pa.array(np.zeros(n, np.float32)),
+            "top1_id": pa.array(top1),
+            "top1_prob": pa.array(np.zeros(n, np.float32)),
+            "entropy": pa.array(np.zeros(n, np.float32)),
+            "kept_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(labels)),
+            "kept_probs": pa.ListArray.from_arrays(
+                pa.array(offsets), pa.array(np.zeros(n, np.float32))
+            ),
+            "tail_count": pa.array(np.zeros(n, np.int32)),
+            "tail_mass": pa.array(np.zeros(n)),
+            "tail_max": pa.array(np.zeros(n, np.float32)),
+        }
+    ).cast(POSITIONS)
+    pq.write_table(table, run_dir / names["positions"])
+    pq.write_table(
+        pa.table(
+            {
+                "class_id": np.arange(K, dtype=np.int32),
+                "tail_count": np.zeros(K, np.int64),
+                "tail_mass": np.zeros(K),
+            },
+            schema=CLASS_TAIL,
+        ),
+        run_dir / names["class_tail"],
+    )
+    shards = [
+        {
+            "index": 0,
+            "rows": n,
+            "tail_max": 0.0,
+            **names,
+            "files": {
+                rel: path_sha256(run_dir / rel) for rel in (names["positions"], names["class_tail"])
+            },
+        }
+    ]
+    _manifest(run_dir, "full", K, shards, n, 0.0)
+    return run_dir
+
+
+def _manifest(run_dir, store, K, shards, n, tail_max):
+    from pipeline.binning import m_exact_from_tail_max
+
+    manifest = {
+        "schema_version": 1,
+        "tool": {"name": "fullece", "version": "bench"},
+        "label": run_dir.name,
+        "store": store,
+        "vocab_size": K,
+        "shards": shards,
+        "positions": n,
+        "tail_max": tail_max,
+        "m_exact": m_exact_from_tail_max(tail_max),
+        "complete": True,
+        "settings": {"store": store},
+    }
+    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+
+def _fresh(run_dir: Path):
+    shutil.rmtree(run_dir / "tables", ignore_errors=True)
+
+
+def plain_duckdb_scan(run_dir: Path) -> float:
+    import duckdb
+
+    files = sorted(str(p) for p in (run_dir / "shards").glob("positions-*.parquet"))
+    con = duckdb.connect()
+    con.execute(f"SET threads={os.cpu_count()}")
+    lst = ", ".join(f"'{f}'" for f in files)
+    t0 = time.perf_counter()
+    con.execute(
+        f"SELECT sum(c), sum(CAST(p AS DOUBLE)) FROM (SELECT unnest(kept_ids) AS c, "
+        f"unnest(kept_probs) AS p FROM read_parquet([{lst}]))"
+    ).fetchall()
+    dt = time.perf_counter() - t0
+    con.close()
+    return dt
+
+
+def plain_zarr_pass(run_dir: Path) -> float:
+    import zarr
+
+    t0 = time.perf_counter()
+    arr = zarr.open_group(str(run_dir / "shards" / "logits-00000.zarr"), mode="r")["logits"]
+    from pipeline.aggregate import _logit_block_rows
+
+    step = _logit_block_rows(arr)
+    total = 0.0
+    for s in range(0, arr.shape[0], step):
+        total += float(arr[s : s + step].sum(dtype=np.float32))
+    return time.perf_counter() - t0
+
+
+def timed_aggregate(run_dir: Path) -> float:
+    from pipeline.aggregate import aggregate
+
+    _fresh(run_dir)
+    t0 = time.perf_counter()
+    aggregate([run_dir], progress=False)
+    return time.perf_counter() - t0
+
+
+def peak_memory(run_dir: Path, memory_limit: str) -> dict:
+    _fresh(run_dir)
+    code = (
+        "import resource, time, sys\n"
+        "from pipeline.aggregate import aggregate\n"
+        "t0 = time.perf_counter()\n"
+        f"aggregate([{str(run_dir)!r}], memory_limit={memory_limit!r}, progress=False)\n"
+        "dt = time.perf_counter() - t0\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, dt)\n"
+    )
+    out = (
+        subprocess.run(
+            [sys.executable, "-c", code],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+        .split()
+    )
+    return {"peak_rss_bytes": int(out[0]) * 1024, "seconds": float(out[1])}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
+    ap.add_argument("--skip", default="", help="comma list of: topk,full,memory")
+    args = ap.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    q = args.quick
+    sizes = {
+        "topk": {"positions": 500_000 if q else 5_000_000, "K": 32_000, "k": 64},
+        "full": {"positions": 4_096 if q else 32_768, "K": 32_000, "dtype": "float16"},
+        "memory": {"positions": 1_000_000 if q else 10_000_000, "K": 128_000, "k": 32},
+    }
+    data = args.out / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    result = {"quick": q, "cpus": os.cpu_count(), "sizes": sizes}
+
+    if "topk" not in skip:
+        s = sizes["topk"]
+        t0 = time.perf_counter()
+        run = make_topk_run(data / f"topk-{s['positions']}", s["positions"], s["K"], s["k"])
+        gen = time.perf_counter() - t0
+        plain = min(plain_duckdb_scan(run) for _ in range(2))
+        agg = timed_aggregate(run)
+        plain = min(plain, plain_duckdb_scan(run))
+        # incremental: nothing changed, parts reused
+        from pipeline.aggregate import aggregate
+
+        t0 = time.perf_counter()
+        aggregate([run], progress=False)
+        again = time.perf_counter() - t0
+        r = {
+            "generate_seconds": gen,
+            "aggregate_seconds": agg,
+            "plain_scan_seconds": plain,
+            "positions_per_second": s["positions"] / agg,
+            "kept_entries_per_second": s["positions"] * s["k"] / agg,
+            "ratio_to_plain_scan": plain / agg,
+            "target_ratio": 0.5,
+            "reaggregate_unchanged_seconds": again,
+        }
+        result["topk"] = r
+        print(
+            f"top-k aggregation  K={s['K']:,} k={s['k']} N={s['positions']:,}: "
+            f"{agg:.2f} s = {r['positions_per_second']:,.0f} positions/s "
+            f"({r['kept_entries_per_second'] / 1e6:.1f} M kept entries/s); plain DuckDB scan "
+            f"{plain:.2f} s; ratio {r['ratio_to_plain_scan']:.2f} (target >= 0.5); "
+            f"unchanged re-run {again:.2f} s"
+        )
+
+    if "full" not in skip:
+        s = sizes["full"]
+        t0 = time.perf_counter()
+        run = make_full_run(
+            data / f"full-{s['positions']}", s["positions"], s["K"], np.dtype(s["dtype"])
+        )
+        gen = time.perf_counter() - t0
+        plain = min(plain_zarr_pass(run) for _ in range(2))
+        agg = timed_aggregate(run)
+        plain = min(plain, plain_zarr_pass(run))
+        nbytes = s["positions"] * s["K"] * np.dtype(s["dtype"]).itemsize
+        r = {
+            "generate_seconds": gen,
+            "aggregate_seconds": agg,
+            "plain_pass_seconds": plain,
+            "positions_per_second": s["positions"] / agg,
+            "logit_bytes_per_second": nbytes / agg,
+            "ratio_to_plain_pass": plain / agg,
+            "target_ratio": 0.5,
+        }
+        result["full"] = r
+        print(
+            f"full-vocab aggregation  K={s['K']:,} N={s['positions']:,} {s['dtype']} "
+            f"({nbytes / 1e9:.2f} GB of logits): {agg:.2f} s = "
+            f"{r['positions_per_second']:,.0f} positions/s "
+            f"({r['logit_bytes_per_second'] / 1e9:.2f} GB/s); plain read-and-sum {plain:.2f} s; "
+            f"ratio {r['ratio_to_plain_pass']:.2f} (target >= 0.5)"
+        )
+
+    if "memory" not in skip:
+        s = sizes["memory"]
+        t0 = time.perf_counter()
+        run = make_topk_run(data / f"mem-{s['positions']}", s["positions"], s["K"], s["k"])
+        gen = time.perf_counter() - t0
+        m = peak_memory(run, "1GB")
+        r = {
+            "generate_seconds": gen,
+            **m,
+            "peak_rss_gb": m["peak_rss_bytes"] / 1e9,
+            "target_gb": 1.5,
+            "positions_per_second": s["positions"] / m["seconds"],
+        }
+        result["memory"] = r
+        print(
+            f"peak memory aggregating N={s['positions']:,} at K={s['K']:,} (k={s['k']}): "
+            f"{r['peak_rss_gb']:.2f} GB RSS (target <= 1.5 GB) in {m['seconds']:.1f} s"
+        )
+
+    (args.out / "aggregate.json").write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out / 'aggregate.json'}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

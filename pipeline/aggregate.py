@@ -1,0 +1,871 @@
+"""``fullece aggregate``: shards -> bin tables (DESIGN §3, §4, §5).
+
+Map then reduce:
+
+* map, one shard at a time, into a *partial* table set kept under
+  ``RUN_DIR/tables/parts/<shard-stem>/`` and keyed by the shard's sha256 in the
+  manifest (plus F and the schema version), so a shard already aggregated is
+  never read again and a changed shard is re-aggregated;
+
+  - top-k store: the kept entries go through DuckDB as columnar GROUP BYs
+    (out of core under ``memory_limit``; sums in float64). Binning is
+    ``greatest(ceil(CAST(p AS DOUBLE) * F), 1)``, the metric core's
+    ``fine_bin_index``. Per-class tail vectors enter class_bins at fine bin 1
+    (hits 0); per-position tail count/mass enter seq_bins at fine bin 1;
+    top-1 comes from the positions' ``top1_id``/``top1_prob``.
+  - full store: row chunks of the Zarr ``logits`` stream through the metric
+    core's dense/sparse split (``CalibrationAccumulator.update_logits`` with
+    the stored ``logsumexp``: probability of record = float32
+    ``exp(float32(logit) - logsumexp)``).
+
+* reduce: one DuckDB ``GROUP BY ... SUM`` over every partial table of every
+  run, streamed into ``OUT/*.parquet`` plus ``OUT/meta.json`` (the layout of
+  ``pipeline.tablestore``).
+
+Memory is bounded by DuckDB's limit plus one chunk (full store) or one
+accumulator of K-long vectors, never by N or N x K. No torch here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline import DEFAULT_FINE_BINS, __version__, atomic
+from pipeline.manifest import RunError, load_manifest
+from pipeline.schema import (
+    CLASS_BINS,
+    SCHEMA_VERSION,
+    SEQ_BINS,
+    TOKENS,
+    TOP1_BINS,
+    SchemaVersionError,
+    check_table_schema,
+    check_version,
+)
+
+TABLE_NAMES = ("class_bins", "top1_bins", "tokens", "seq_bins")
+TABLE_SCHEMAS = {
+    "class_bins": CLASS_BINS,
+    "top1_bins": TOP1_BINS,
+    "tokens": TOKENS,
+    "seq_bins": SEQ_BINS,
+}
+META_NAME = "meta.json"
+PART_META = "part.json"
+TABLES_DIR = "tables"
+PARTS_DIR = "parts"
+DEFAULT_MEMORY_LIMIT = "1GB"
+# Rows of logits read from Zarr at once (bounded in bytes, see _logit_block_rows).
+_LOGIT_BLOCK_BYTES = 64 << 20
+_WRITE_BATCH_ROWS = 1 << 20
+
+
+class AggregateError(RunError):
+    """A run, shard or table that cannot be aggregated; the message names the file."""
+
+
+# ---------------------------------------------------------------- run model
+
+
+@dataclass
+class Shard:
+    run_dir: Path
+    entry: dict
+    store: str
+    vocab_size: int
+
+    @property
+    def index(self) -> int:
+        return int(self.entry.get("index", 0))
+
+    @property
+    def stem(self) -> str:
+        pos = self.entry.get("positions")
+        if pos:
+            name = Path(pos).name.split(".")[0]
+            return name.split("-", 1)[1] if "-" in name else name
+        return f"{self.index:05d}"
+
+    @property
+    def rows(self) -> int:
+        return int(self.entry.get("rows", 0))
+
+    def path(self, key: str) -> Path | None:
+        rel = self.entry.get(key)
+        return None if not rel else self.run_dir / rel
+
+    def key(self, fine_bins: int) -> str:
+        """Identity of this shard's partial tables: its files' sha256 (from the
+        manifest), the store, K, F and the table schema version."""
+        ident = {
+            "files": self.entry.get("files") or {},
+            "stat": self._stat(),
+            "rows": self.rows,
+            "store": self.store,
+            "vocab_size": self.vocab_size,
+            "fine_bins": fine_bins,
+            "schema_version": SCHEMA_VERSION,
+        }
+        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+    def _stat(self) -> list:
+        """Size and mtime of the shard's files: a file rewritten on disk without
+        a manifest update is re-aggregated too (cheap: no hashing)."""
+        out = []
+        for key in ("positions", "class_tail", "logits"):
+            path = self.path(key)
+            if path is None or not path.exists():
+                continue
+            probe = path / "zarr.json" if path.is_dir() else path
+            st = probe.stat() if probe.exists() else path.stat()
+            out.append([key, st.st_size, st.st_mtime_ns])
+        return out
+
+
+@dataclass
+class Run:
+    run_dir: Path
+    manifest: dict
+    shards: list[Shard] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return str(self.manifest.get("label") or self.run_dir.resolve().name)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.manifest["vocab_size"])
+
+    @property
+    def store(self) -> str:
+        return str(self.manifest["store"])
+
+
+def open_run(run_dir) -> Run:
+    """Load and check a run directory's manifest (errors name the file)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise AggregateError(f"{run_dir}: no such run directory")
+    manifest = load_manifest(run_dir)
+    where = run_dir / "manifest.json"
+    store = manifest["store"]
+    if store not in ("topk", "full"):
+        raise AggregateError(f"{where}: unknown store {store!r} (expected 'topk' or 'full')")
+    k = manifest["vocab_size"]
+    if not isinstance(k, int) or k < 1:
+        raise AggregateError(f"{where}: vocab_size must be a positive integer, got {k!r}")
+    run = Run(run_dir, manifest)
+    for entry in manifest["shards"]:
+        run.shards.append(Shard(run_dir, entry, store, k))
+    if not run.shards or sum(s.rows for s in run.shards) == 0:
+        raise AggregateError(f"{where}: the run has no positions (no committed shard with rows)")
+    return run
+
+
+def open_runs(run_dirs) -> list[Run]:
+    runs = [open_run(d) for d in run_dirs]
+    if not runs:
+        raise AggregateError("no run directory given")
+    first = runs[0]
+    for run in runs[1:]:
+        if run.vocab_size != first.vocab_size:
+            raise AggregateError(
+                f"cannot merge runs of different vocabularies: {first.run_dir} has "
+                f"K={first.vocab_size}, {run.run_dir} has K={run.vocab_size}"
+            )
+    seen = {}
+    for run in runs:
+        real = run.run_dir.resolve()
+        if real in seen:
+            raise AggregateError(f"{run.run_dir}: given twice (its positions would count twice)")
+        seen[real] = True
+    return runs
+
+
+# ------------------------------------------------------------ shard checks
+
+
+def _require(path: Path | None, shard: Shard, what: str) -> Path:
+    if path is None:
+        raise AggregateError(
+            f"{shard.run_dir / 'manifest.json'}: shard {shard.index} lists no {what} file"
+        )
+    if not path.exists():
+        raise AggregateError(
+            f"{path}: shard file missing (listed in {shard.run_dir / 'manifest.json'})"
+        )
+    return path
+
+
+def _check_positions(shard: Shard) -> Path:
+    path = _require(shard.path("positions"), shard, "positions")
+    try:
+        pf = pq.ParquetFile(str(path))
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several types
+        raise AggregateError(f"{path}: not a readable Parquet file ({err})") from err
+    try:
+        check_table_schema(pf.schema_arrow, "positions", str(path))
+    except SchemaVersionError:
+        raise
+    except ValueError as err:
+        raise AggregateError(f"shard fails validation: {err}") from err
+    rows = pf.metadata.num_rows
+    if rows != shard.rows:
+        raise AggregateError(
+            f"{path}: {rows} rows but the manifest says {shard.rows} (shard fails validation)"
+        )
+    return path
+
+
+def _check_class_tail(shard: Shard) -> Path | None:
+    path = shard.path("class_tail")
+    if path is None:
+        if shard.store == "topk":
+            _require(None, shard, "class_tail")
+        return None
+    _require(path, shard, "class_tail")
+    try:
+        schema = pq.read_schema(str(path))
+        check_table_schema(schema, "class_tail", str(path))
+    except SchemaVersionError:
+        raise
+    except (ValueError, OSError, pa.ArrowException) as err:
+        raise AggregateError(f"shard fails validation: {path}: {err}") from err
+    return path
+
+
+# ------------------------------------------------------------------ duckdb
+
+
+def _connect(memory_limit: str, temp_dir: Path, threads: int | None = None):
+    import duckdb
+
+    con = duckdb.connect(":memory:")
+    con.execute(f"SET memory_limit='{memory_limit}'")
+    con.execute(f"SET temp_directory='{_sql_str(temp_dir)}'")
+    con.execute("SET preserve_insertion_order=false")
+    con.execute("SET enable_progress_bar=false")
+    con.execute(f"SET threads={threads or max(1, os.cpu_count() or 1)}")
+    return con
+
+
+def _sql_str(path) -> str:
+    return str(path).replace("'", "''")
+
+
+def bin_sql(expr: str, fine_bins: int) -> str:
+    """The binning rule in SQL: max(ceil(float64(p) * F), 1), 1-based."""
+    return f"CAST(greatest(ceil(CAST({expr} AS DOUBLE) * {int(fine_bins)}), 1) AS INTEGER)"
+
+
+def _write_query(con, query: str, path: Path, schema: pa.Schema) -> int:
+    """Stream a DuckDB query into a Parquet file of exactly `schema`, atomically."""
+    rows = 0
+    with atomic.atomic_path(path) as tmp:
+        reader = con.sql(query).to_arrow_reader(_WRITE_BATCH_ROWS)
+        with pq.ParquetWriter(str(tmp), schema, compression="zstd") as writer:
+            for batch in reader:
+                if batch.num_rows == 0:
+                    continue
+                table = pa.Table.from_batches([batch]).rename_columns(schema.names)
+                writer.write_table(table.cast(schema))
+                rows += batch.num_rows
+    return rows
+
+
+def _topk_part_queries(pos: str, tail: str | None, fine_bins: int) -> dict[str, str]:
+    """SQL of the four partial tables of one top-k shard."""
+    kept = (
+        f"(SELECT doc_id, label, unnest(kept_ids) AS class_id, unnest(kept_probs) AS p "
+        f"FROM read_parquet('{pos}'))"
+    )
+    bin_p = bin_sql("p", fine_bins)
+    bin_top1 = bin_sql("top1_prob", fine_bins)
+    tail_rows = (
+        f"UNION ALL SELECT class_id, 1, tail_count, tail_mass, 0 FROM read_parquet('{tail}') "
+        "WHERE tail_count > 0"
+        if tail
+        else ""
+    )
+    return {
+        "class_bins": f"""
+            SELECT class_id, bin, sum(n) AS n, sum(p_sum) AS p_sum, sum(hits) AS hits FROM (
+              SELECT class_id, {bin_p} AS bin, count(*) AS n, sum(CAST(p AS DOUBLE)) AS p_sum,
+                     count(*) FILTER (WHERE class_id = label) AS hits
+              FROM {kept} GROUP BY ALL
+              {tail_rows}
+            ) GROUP BY class_id, bin""",
+        "top1_bins": f"""
+            SELECT {bin_top1} AS bin, count(*) AS n, sum(CAST(top1_prob AS DOUBLE)) AS conf_sum,
+                   count(*) FILTER (WHERE top1_id = label) AS correct
+            FROM read_parquet('{pos}') GROUP BY ALL""",
+        "seq_bins": f"""
+            SELECT seq_id, bin, sum(n) AS n, sum(p_sum) AS p_sum, sum(hits) AS hits,
+                   sum(top1_n) AS top1_n, sum(conf_sum) AS conf_sum, sum(correct) AS correct
+            FROM (
+              SELECT doc_id AS seq_id, {bin_p} AS bin, count(*) AS n,
+                     sum(CAST(p AS DOUBLE)) AS p_sum,
+                     count(*) FILTER (WHERE class_id = label) AS hits,
+                     0 AS top1_n, CAST(0 AS DOUBLE) AS conf_sum, 0 AS correct
+              FROM {kept} GROUP BY ALL
+              UNION ALL
+              SELECT doc_id, 1, tail_count, tail_mass, 0, 0, CAST(0 AS DOUBLE), 0
+              FROM read_parquet('{pos}') WHERE tail_count > 0
+              UNION ALL
+              SELECT doc_id, {bin_top1}, 0, CAST(0 AS DOUBLE), 0, 1, CAST(top1_prob AS DOUBLE),
+                     CAST(top1_id = label AS INTEGER)
+              FROM read_parquet('{pos}')
+            ) GROUP BY seq_id, bin""",
+    }
+
+
+def _aggregate_topk_shard(con, shard: Shard, part_dir: Path, fine_bins: int) -> dict:
+    pos_path = _check_positions(shard)
+    tail_path = _check_class_tail(shard)
+    pos = _sql_str(pos_path)
+    tail = _sql_str(tail_path) if tail_path else None
+    k = shard.vocab_size
+    # cheap checks (one pass over scalar columns): ids in range, tail max
+    lo_label, hi_label, lo_top1, hi_top1, tail_max, tail_total, unkept = con.execute(
+        f"SELECT min(label), max(label), min(top1_id), max(top1_id), max(tail_max), "
+        f"sum(tail_count), count(*) FILTER (WHERE NOT list_contains(kept_ids, label)) "
+        f"FROM read_parquet('{pos}')"
+    ).fetchall()[0]
+    if unkept:
+        raise AggregateError(
+            f"{pos_path}: {unkept} position(s) lack their label among the kept ids "
+            "(shard fails validation: the label must always be kept)"
+        )
+    for name, lo, hi in (("label", lo_label, hi_label), ("top1_id", lo_top1, hi_top1)):
+        if lo < 0 or hi >= k:
+            raise AggregateError(f"{pos_path}: {name} outside [0, {k}) (shard fails validation)")
+    queries = _topk_part_queries(pos, tail, fine_bins)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _cb AS {queries['class_bins']}")
+    n_pairs, n_hits, lo_id, hi_id = con.execute(
+        "SELECT sum(n), sum(hits), min(class_id), max(class_id) FROM _cb"
+    ).fetchall()[0]
+    if lo_id is not None and (lo_id < 0 or hi_id >= k):
+        raise AggregateError(
+            f"{pos_path} / {tail_path}: class id outside [0, {k}) (shard fails validation)"
+        )
+    if int(n_hits or 0) != shard.rows:
+        raise AggregateError(
+            f"{pos_path}: {shard.rows - int(n_hits or 0)} position(s) lack their label among the "
+            "kept ids (shard fails validation: the label must always be kept)"
+        )
+    if tail_path is not None:
+        class_tail_total = con.execute(
+            f"SELECT coalesce(sum(tail_count), 0) FROM read_parquet('{tail}')"
+        ).fetchall()[0][0]
+        if int(class_tail_total) != int(tail_total or 0):
+            raise AggregateError(
+                f"{tail_path}: per-class tail counts sum to {class_tail_total} but the "
+                f"positions' tail_count to {tail_total} (shard fails validation)"
+            )
+    if int(n_pairs or 0) != shard.rows * k:
+        raise AggregateError(
+            f"{pos_path}: kept + tail entries = {n_pairs}, expected rows x K = {shard.rows * k} "
+            "(shard fails validation)"
+        )
+    with atomic.atomic_path(part_dir) as tmp:
+        tmp.mkdir()
+        _write_query(con, "SELECT * FROM _cb", tmp / "class_bins.parquet", CLASS_BINS)
+        _write_query(
+            con, queries["top1_bins"] + " ORDER BY bin", tmp / "top1_bins.parquet", TOP1_BINS
+        )
+        _write_query(
+            con,
+            f"""
+            SELECT class_id, sum(label_count), sum(top1_count), sum(p_mass) FROM (
+              SELECT class_id, 0 AS label_count, 0 AS top1_count, p_sum AS p_mass FROM _cb
+              UNION ALL SELECT label, 1, 0, CAST(0 AS DOUBLE) FROM read_parquet('{pos}')
+              UNION ALL SELECT top1_id, 0, 1, CAST(0 AS DOUBLE) FROM read_parquet('{pos}')
+            ) GROUP BY class_id ORDER BY class_id""",
+            tmp / "tokens.parquet",
+            TOKENS,
+        )
+        _write_query(con, queries["seq_bins"], tmp / "seq_bins.parquet", SEQ_BINS)
+        meta = _part_meta(shard, fine_bins, positions=shard.rows, tail_max=float(tail_max or 0.0))
+        atomic.write_json(tmp / PART_META, meta)
+    con.execute("DROP TABLE IF EXISTS _cb")
+    return meta
+
+
+def _open_zarr(shard: Shard):
+    import zarr
+
+    path = _require(shard.path("logits"), shard, "logits")
+    try:
+        group = zarr.open_group(str(path), mode="r")
+        version = group.attrs.get("fullece.schema_version")
+        if version is not None:
+            check_version(version, str(path))
+        logits, lse = group["logits"], group["logsumexp"]
+    except SchemaVersionError:
+        raise
+    except Exception as err:  # noqa: BLE001 - zarr raises many types
+        raise AggregateError(f"{path}: not a readable Zarr v3 logits store ({err})") from err
+    if logits.ndim != 2 or logits.shape != (shard.rows, shard.vocab_size):
+        raise AggregateError(
+            f"{path}/logits: shape {logits.shape}, expected [rows, K] = "
+            f"[{shard.rows}, {shard.vocab_size}] (shard fails validation)"
+        )
+    if lse.shape != (shard.rows,):
+        raise AggregateError(f"{path}/logsumexp: shape {lse.shape}, expected [{shard.rows}]")
+    if np.dtype(logits.dtype) not in (np.float16, np.float32):
+        raise AggregateError(f"{path}/logits: dtype {logits.dtype}, expected float16 or float32")
+    return path, logits, lse
+
+
+def _logit_block_rows(logits) -> int:
+    chunk = int(logits.chunks[0])
+    row_bytes = int(logits.shape[1]) * 4
+    per = max(1, _LOGIT_BLOCK_BYTES // (row_bytes * chunk))
+    return chunk * per
+
+
+def iter_logit_blocks(shard: Shard, block_rows: int | None = None):
+    """Yield (start, logits [r, K] as stored, logsumexp float32 [r]) in row blocks."""
+    _, logits, lse = _open_zarr(shard)
+    n = logits.shape[0]
+    step = block_rows or _logit_block_rows(logits)
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        yield start, logits[start:stop], np.asarray(lse[start:stop], dtype=np.float32)
+
+
+def _aggregate_full_shard(shard: Shard, part_dir: Path, fine_bins: int, bar=None) -> dict:
+    from pipeline.accumulator import CalibrationAccumulator
+    from pipeline.checks import InputError
+
+    pos_path = _check_positions(shard)
+    zpath, _, _ = _open_zarr(shard)
+    cols = pq.read_table(str(pos_path), columns=["doc_id", "label"])
+    doc_ids = cols.column("doc_id").to_numpy()
+    labels = cols.column("label").to_numpy()
+    acc = CalibrationAccumulator(vocab_size=shard.vocab_size, fine_bins=fine_bins)
+    for start, block, lse in iter_logit_blocks(shard):
+        stop = start + block.shape[0]
+        try:
+            acc.update_logits(block, labels[start:stop], doc_ids[start:stop], logsumexp=lse)
+        except InputError as err:
+            raise AggregateError(f"{zpath}: rows {start}..{stop - 1}: {err}") from err
+        if bar is not None:
+            bar.update(stop - start)
+    tables = acc.compute()
+    arrow = tables.to_arrow()
+    with atomic.atomic_path(part_dir) as tmp:
+        tmp.mkdir()
+        for name in TABLE_NAMES:
+            pq.write_table(
+                arrow[name].cast(TABLE_SCHEMAS[name]),
+                str(tmp / f"{name}.parquet"),
+                compression="zstd",
+            )
+        meta = _part_meta(shard, fine_bins, positions=tables.positions, tail_max=tables.tail_max)
+        atomic.write_json(tmp / PART_META, meta)
+    return meta
+
+
+def _part_meta(shard: Shard, fine_bins: int, *, positions: int, tail_max: float) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "key": shard.key(fine_bins),
+        "shard": shard.index,
+        "positions_file": shard.entry.get("positions"),
+        "fine_bins": fine_bins,
+        "vocab_size": shard.vocab_size,
+        "positions": int(positions),
+        "tail_max": float(tail_max),
+    }
+
+
+def _read_part_meta(part_dir: Path) -> dict | None:
+    path = part_dir / PART_META
+    if not path.exists():
+        return None
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        return None
+    if not all((part_dir / f"{name}.parquet").exists() for name in TABLE_NAMES):
+        return None
+    return meta
+
+
+# ------------------------------------------------------------------- parts
+
+
+def _writable(directory: Path) -> bool:
+    probe = directory
+    while not probe.exists():
+        probe = probe.parent
+    return os.access(probe, os.W_OK)
+
+
+def parts_root(run: Run, out: Path | None) -> Path:
+    """Where a run's per-shard partial tables live: RUN_DIR/tables/parts, or
+    OUT/parts/<run-hash> when the run directory is not writable."""
+    own = run.run_dir / TABLES_DIR / PARTS_DIR
+    if _writable(run.run_dir):
+        return own
+    if out is None:
+        raise AggregateError(f"{run.run_dir}: not writable; give --out DIR")
+    tag = hashlib.sha256(str(run.run_dir.resolve()).encode()).hexdigest()[:12]
+    return Path(out) / PARTS_DIR / f"{run.run_dir.name}-{tag}"
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="pos",
+        unit_scale=True,
+        file=sys.stderr,
+        disable=not enabled,
+        leave=False,
+    )
+
+
+def build_parts(
+    runs: list[Run],
+    out: Path | None,
+    fine_bins: int,
+    memory_limit: str,
+    temp_dir: Path,
+    *,
+    progress: bool = True,
+    parts_base: Path | None = None,
+):
+    """Map step: (re)compute the partial tables of every shard whose key changed.
+
+    Returns [(run, shard, part_dir, part_meta)] and how many shards were read.
+    """
+    todo, done = [], []
+    for run in runs:
+        root = parts_base / run.run_dir.name if parts_base else parts_root(run, out)
+        for shard in run.shards:
+            part_dir = root / shard.stem
+            meta = _read_part_meta(part_dir)
+            if meta is not None and meta.get("key") == shard.key(fine_bins):
+                done.append((run, shard, part_dir, meta))
+            else:
+                todo.append((run, shard, part_dir))
+    if not todo:
+        return done, 0
+    total = sum(s.rows for _, s, _ in todo)
+    con = None
+    with _progress(total, "aggregate", progress) as bar:
+        for run, shard, part_dir in todo:
+            if shard.store == "topk":
+                if con is None:
+                    con = _connect(memory_limit, temp_dir)
+                meta = _aggregate_topk_shard(con, shard, part_dir, fine_bins)
+                bar.update(shard.rows)
+            else:
+                meta = _aggregate_full_shard(shard, part_dir, fine_bins, bar)
+            done.append((run, shard, part_dir, meta))
+    if con is not None:
+        con.close()
+    return done, len(todo)
+
+
+# ------------------------------------------------------------------ reduce
+
+
+def _reduce(
+    parts, out: Path, runs: list[Run], fine_bins: int, memory_limit: str, temp_dir: Path
+) -> dict:
+    k = runs[0].vocab_size
+    con = _connect(memory_limit, temp_dir)
+
+    def files(name):
+        lst = ", ".join(f"'{_sql_str(p / f'{name}.parquet')}'" for _, _, p, _ in parts)
+        return f"read_parquet([{lst}])"
+
+    out.mkdir(parents=True, exist_ok=True)
+    _write_query(
+        con,
+        f"""SELECT class_id, bin, sum(n), sum(p_sum), sum(hits)
+        FROM {files("class_bins")} GROUP BY class_id, bin ORDER BY class_id, bin""",
+        out / "class_bins.parquet",
+        CLASS_BINS,
+    )
+    _write_query(
+        con,
+        f"""SELECT bin, sum(n), sum(conf_sum), sum(correct)
+        FROM {files("top1_bins")} GROUP BY bin ORDER BY bin""",
+        out / "top1_bins.parquet",
+        TOP1_BINS,
+    )
+    _write_query(
+        con,
+        f"""SELECT r.class_id, coalesce(t.label_count, 0), coalesce(t.top1_count, 0),
+            coalesce(t.p_mass, 0.0)
+        FROM (SELECT CAST(range AS INTEGER) AS class_id FROM range({k})) r
+        LEFT JOIN (SELECT class_id, sum(label_count) AS label_count, sum(top1_count) AS top1_count,
+                          sum(p_mass) AS p_mass FROM {files("tokens")} GROUP BY class_id) t
+        USING (class_id) ORDER BY r.class_id""",
+        out / "tokens.parquet",
+        TOKENS,
+    )
+    _write_query(
+        con,
+        f"""SELECT seq_id, bin, sum(n), sum(p_sum), sum(hits), sum(top1_n),
+            sum(conf_sum), sum(correct)
+        FROM {files("seq_bins")} GROUP BY seq_id, bin ORDER BY seq_id, bin""",
+        out / "seq_bins.parquet",
+        SEQ_BINS,
+    )
+    con.close()
+
+    from pipeline.binning import m_exact_from_tail_max
+
+    positions = sum(int(m["positions"]) for _, _, _, m in parts)
+    tail_max = max((float(m["tail_max"]) for _, _, _, m in parts), default=0.0)
+    meta = {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "fullece", "version": __version__},
+        "fine_bins": fine_bins,
+        "vocab_size": k,
+        "positions": positions,
+        "tail_max": tail_max,
+        "m_exact": m_exact_from_tail_max(tail_max),
+        "sources": [f"{run.label}:{shard.entry.get('positions')}" for run, shard, _, _ in parts],
+        "runs": [_run_record(run, fine_bins) for run in runs],
+    }
+    atomic.write_json(out / META_NAME, meta)  # last: marks the tables complete
+    return meta
+
+
+def _run_record(run: Run, fine_bins: int) -> dict:
+    return {
+        "run_dir": str(run.run_dir.resolve()),
+        "label": run.label,
+        "store": run.store,
+        "positions": sum(s.rows for s in run.shards),
+        "shards": [{"index": s.index, "key": s.key(fine_bins)} for s in run.shards],
+    }
+
+
+# ------------------------------------------------------------------ public
+
+
+def default_tables_dir(run_dir) -> Path:
+    return Path(run_dir) / TABLES_DIR
+
+
+def aggregate(
+    run_dirs,
+    out=None,
+    fine_bins: int = DEFAULT_FINE_BINS,
+    memory_limit: str = DEFAULT_MEMORY_LIMIT,
+    *,
+    progress: bool = True,
+    keep_parts: bool = True,
+) -> tuple[Path, dict]:
+    """Aggregate runs into tables at `out` (default RUN_DIR/tables for one run).
+
+    Returns (tables directory, meta). With ``keep_parts=False`` the per-shard
+    partial tables go to a temporary directory that is removed afterwards.
+    """
+    from pipeline.binning import check_n_bins
+
+    fine_bins = check_n_bins(fine_bins)
+    if isinstance(run_dirs, (str, os.PathLike)):
+        run_dirs = [run_dirs]
+    runs = open_runs(run_dirs)
+    if out is None:
+        if len(runs) > 1:
+            raise AggregateError("several runs aggregate into one output: give --out DIR")
+        out = default_tables_dir(runs[0].run_dir)
+    out = Path(out)
+    if keep_parts and tables_status([r.run_dir for r in runs], out, fine_bins) is None:
+        return out, read_tables_meta(out)  # every shard unchanged: nothing to do
+    out.mkdir(parents=True, exist_ok=True)
+    temp_dir = Path(tempfile.mkdtemp(prefix=".fullece-duckdb-", dir=out))
+    parts_base = None if keep_parts else temp_dir / "parts"
+    try:
+        parts, _ = build_parts(
+            runs, out, fine_bins, memory_limit, temp_dir, progress=progress, parts_base=parts_base
+        )
+        meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir)
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    return out, meta
+
+
+def aggregate_runs(
+    run_dirs,
+    out=None,
+    fine_bins: int = DEFAULT_FINE_BINS,
+    memory_limit: str = DEFAULT_MEMORY_LIMIT,
+    *,
+    progress: bool = False,
+):
+    """Aggregate and return the tables (``pipeline.tables.BinTables``)."""
+    out, _ = aggregate(run_dirs, out, fine_bins, memory_limit, progress=progress)
+    return load_run_tables(out)
+
+
+def tables_dir_of(path) -> Path:
+    """A tables directory (has meta.json) or a run directory's tables/."""
+    path = Path(path)
+    if (path / META_NAME).exists():
+        return path
+    if (path / TABLES_DIR / META_NAME).exists() or (path / "manifest.json").exists():
+        return path / TABLES_DIR
+    return path
+
+
+def read_tables_meta(path) -> dict:
+    directory = tables_dir_of(path)
+    meta_path = directory / META_NAME
+    if not meta_path.exists():
+        raise AggregateError(f"{meta_path}: no bin tables here (run `fullece aggregate` first)")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as err:
+        raise AggregateError(f"{meta_path}: not valid JSON ({err})") from err
+    check_version(meta.get("schema_version"), str(meta_path))
+    return meta
+
+
+def load_run_tables(run_dir_or_tables_dir):
+    """Read bin tables (checking schema versions) into a ``BinTables``."""
+    from pipeline.tables import BinTables
+
+    directory = tables_dir_of(run_dir_or_tables_dir)
+    meta = read_tables_meta(directory)
+    arrow = {}
+    for name in TABLE_NAMES:
+        path = directory / f"{name}.parquet"
+        if not path.exists():
+            raise AggregateError(f"{path}: missing bin table (re-run `fullece aggregate`)")
+        table = pq.read_table(str(path))
+        try:
+            check_table_schema(table.schema, name, str(path))
+        except SchemaVersionError:
+            raise
+        except ValueError as err:
+            raise AggregateError(str(err)) from err
+        arrow[name] = table
+    return BinTables.from_arrow(
+        arrow,
+        fine_bins=meta["fine_bins"],
+        vocab_size=meta["vocab_size"],
+        positions=meta["positions"],
+        tail_max=meta["tail_max"],
+        sources=meta.get("sources"),
+    )
+
+
+def tables_status(run_dirs, tables_dir=None, fine_bins: int = DEFAULT_FINE_BINS) -> str | None:
+    """None when the tables at `tables_dir` are current for `run_dirs`, else why not."""
+    runs = open_runs(run_dirs)
+    if tables_dir is None:
+        tables_dir = default_tables_dir(runs[0].run_dir)
+    meta_path = Path(tables_dir) / META_NAME
+    if not meta_path.exists():
+        return "no tables yet"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError:
+        return f"{meta_path} is unreadable"
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        return f"tables of schema version {meta.get('schema_version')}"
+    if meta.get("fine_bins") != fine_bins:
+        return f"tables at F={meta.get('fine_bins')}"
+    want = sorted(
+        (json.dumps(_run_record(r, fine_bins)["shards"]), str(r.run_dir.resolve())) for r in runs
+    )
+    have = sorted((json.dumps(r.get("shards")), r.get("run_dir")) for r in meta.get("runs", []))
+    if want != have:
+        return "shards changed since the tables were built"
+    if not all((Path(tables_dir) / f"{n}.parquet").exists() for n in TABLE_NAMES):
+        return "a table file is missing"
+    return None
+
+
+def ensure_tables(run_dirs, out=None, *, quiet: bool = False) -> Path:
+    """Tables directory for `run_dirs`, aggregating first (with a one-line notice
+    on stderr) when they are missing or stale. A plain tables directory (no
+    manifest) is used as it is."""
+    if isinstance(run_dirs, (str, os.PathLike)):
+        run_dirs = [run_dirs]
+    run_dirs = [Path(d) for d in run_dirs]
+    if len(run_dirs) == 1 and not (run_dirs[0] / "manifest.json").exists():
+        if (run_dirs[0] / META_NAME).exists():
+            return run_dirs[0]
+        open_run(run_dirs[0])  # raises the error naming the missing manifest
+    if out is None and len(run_dirs) > 1:
+        raise AggregateError("several runs: give --out DIR for their merged tables")
+    tables_dir = Path(out) if out is not None else default_tables_dir(run_dirs[0])
+    reason = tables_status(run_dirs, tables_dir)
+    if reason is not None:
+        if not quiet:
+            names = ", ".join(str(d) for d in run_dirs)
+            click.echo(f"fullece: aggregating {names} ({reason}) ...", err=True)
+        aggregate(run_dirs, tables_dir, progress=not quiet)
+    return tables_dir
+
+
+# --------------------------------------------------------------------- CLI
+
+
+@click.command("aggregate")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Tables directory (default RUN_DIR/tables; required for several runs).",
+)
+@click.option(
+    "--fine-bins",
+    type=int,
+    default=DEFAULT_FINE_BINS,
+    show_default=True,
+    help="Fine grid F of the tables.",
+)
+@click.option(
+    "--memory-limit",
+    default=DEFAULT_MEMORY_LIMIT,
+    show_default=True,
+    help="DuckDB memory limit (spills to disk beyond it).",
+)
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def aggregate_command(run_dirs, out, fine_bins, memory_limit, quiet):
+    """Build bin tables (class_bins, top1_bins, tokens, seq_bins) from the shards.
+
+    Incremental: each shard's partial tables are kept under
+    RUN_DIR/tables/parts/ and reused while the shard's sha256 is unchanged.
+    """
+    t0 = time.perf_counter()
+    try:
+        out_dir, meta = aggregate(list(run_dirs), out, fine_bins, memory_limit, progress=not quiet)
+    except (RunError, SchemaVersionError, ValueError) as err:
+        raise click.ClickException(str(err)) from err
+    dt = time.perf_counter() - t0
+    click.echo(
+        f"{out_dir}: {meta['positions']:,} positions, K={meta['vocab_size']:,}, "
+        f"F={meta['fine_bins']}, M_exact={meta['m_exact'] if meta['m_exact'] is not None else 'all'} "
+        f"({dt:.1f} s)"
+    )

@@ -1,0 +1,232 @@
+"""`fullece aggregate`: tables equal the metric core's in-memory tables and the
+dense reference; incremental per-shard parts; errors that name the file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from pipeline.accumulator import CalibrationAccumulator
+from pipeline.aggregate import (
+    AggregateError,
+    aggregate,
+    aggregate_command,
+    aggregate_runs,
+    load_run_tables,
+    tables_status,
+)
+from pipeline.metrics import metrics_at
+from pipeline.schema import SchemaVersionError
+from pipeline.shards import kept_arrays, read_class_tail
+from tests.helpers.analysis_runs import dense_case, dense_reference, write_run
+
+SUM_TOL = 1e-12
+
+
+def core_tables(run_dir, manifest, case, store):
+    """The metric core's in-memory tables for the same shards."""
+    acc = CalibrationAccumulator(vocab_size=manifest["vocab_size"])
+    for shard in manifest["shards"]:
+        pos = pq.read_table(run_dir / shard["positions"])
+        if store == "topk":
+            a = kept_arrays(pos.combine_chunks().to_batches()[0])
+            acc.update_kept(
+                a["kept_ids"],
+                a["kept_probs"],
+                a["label"],
+                a["tail_count"],
+                a["tail_mass"],
+                a["tail_max"],
+                row_offsets=a["row_offsets"],
+                top1_ids=a["top1_id"],
+                top1_probs=a["top1_prob"],
+                seq_ids=a["doc_id"],
+            )
+            count, mass = read_class_tail(run_dir, shard, manifest["vocab_size"])
+            acc.add_class_tail(count, mass)
+    if store == "full":
+        acc.update_logits(case.logits, case.labels, case.doc_ids, logsumexp=case.lse)
+    return acc.compute()
+
+
+def assert_tables_equal(a, b):
+    ta, tb = a.to_arrow(), b.to_arrow()
+    assert a.positions == b.positions and a.vocab_size == b.vocab_size
+    assert a.fine_bins == b.fine_bins and a.m_exact == b.m_exact
+    for name in ta:
+        x, y = ta[name], tb[name]
+        assert x.num_rows == y.num_rows, name
+        for col in x.column_names:
+            u, v = x.column(col).to_numpy(), y.column(col).to_numpy()
+            if np.issubdtype(u.dtype, np.integer):
+                np.testing.assert_array_equal(u, v, err_msg=f"{name}.{col}")
+            else:
+                np.testing.assert_allclose(u, v, rtol=0, atol=SUM_TOL, err_msg=f"{name}.{col}")
+
+
+@pytest.fixture(scope="module")
+def case():
+    return dense_case(600, 40, seed=11, docs=30)
+
+
+@pytest.mark.parametrize("store,k,tau", [("topk", 4, None), ("topk", 3, 1e-3), ("full", 0, None)])
+def test_tables_equal_core_and_dense(tmp_path, case, store, k, tau):
+    run = tmp_path / "run"
+    manifest = write_run(run, case, store=store, k=k, tau=tau, shard_rows=170)
+    tables = aggregate_runs([run])
+    assert_tables_equal(tables, core_tables(run, manifest, case, store))
+    assert (run / "tables" / "meta.json").exists()
+    for m in (5, 10, 20, 50):
+        got = metrics_at(tables, m)
+        if got["exact"]:
+            ref = dense_reference(case.probs, case.labels, m)
+            for key in ("ece", "cw_ece", "full_ece"):
+                assert got[key] == pytest.approx(ref[key], abs=1e-12), (store, m, key)
+    if tau is not None or store == "full":
+        assert all(metrics_at(tables, m)["exact"] for m in (5, 10, 20, 50, 100, 500))
+
+
+def test_float16_full_store(tmp_path):
+    case = dense_case(200, 30, seed=3, docs=10, dtype=np.float16)
+    run = tmp_path / "run"
+    write_run(run, case, store="full", shard_rows=64, zarr_chunk_rows=16)
+    tables = aggregate_runs([run])
+    ref = dense_reference(case.probs, case.labels, 10)
+    got = metrics_at(tables, 10)
+    for key in ref:
+        assert got[key] == pytest.approx(ref[key], abs=1e-12)
+
+
+def test_incremental_parts(tmp_path, case, monkeypatch):
+    run = tmp_path / "run"
+    write_run(run, case, store="topk", k=4, shard_rows=200)
+    first = aggregate_runs([run])
+    parts = sorted(p.name for p in (run / "tables" / "parts").iterdir())
+    assert parts == ["00000", "00001", "00002"]
+    assert tables_status([run]) is None
+
+    import pipeline.aggregate as agg
+
+    calls = []
+    original = agg._aggregate_topk_shard
+    monkeypatch.setattr(
+        agg, "_aggregate_topk_shard", lambda *a, **k: calls.append(a[1].index) or original(*a, **k)
+    )
+    again = aggregate_runs([run])
+    assert calls == []  # nothing re-read
+    assert_tables_equal(first, again)
+
+    # a changed shard (new sha256 in the manifest) is re-aggregated, alone
+    manifest = json.loads((run / "manifest.json").read_text())
+    other = dense_case(200, 40, seed=99, docs=5)
+    write_run(tmp_path / "other", other, store="topk", k=4, shard_rows=200)
+    src = tmp_path / "other" / "shards"
+    for name in ("positions-00000.parquet", "class_tail-00000.parquet"):
+        shutil.copy(src / name, run / "shards" / name.replace("00000", "00001"))
+    omani = json.loads((tmp_path / "other" / "manifest.json").read_text())
+    entry = dict(
+        omani["shards"][0],
+        index=1,
+        positions="shards/positions-00001.parquet",
+        class_tail="shards/class_tail-00001.parquet",
+        files={"shards/positions-00001.parquet": "changed"},
+    )
+    manifest["shards"][1] = entry
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert tables_status([run]) is not None
+    changed = aggregate_runs([run])
+    assert calls == [1]
+    assert changed.positions == 600
+    assert not np.array_equal(changed.label_count, first.label_count)
+
+
+def test_several_runs_into_one(tmp_path, case):
+    a, b = case, dense_case(300, 40, seed=12, docs=10)
+    write_run(tmp_path / "a", a, k=40)
+    write_run(tmp_path / "b", b, k=40)
+    merged = aggregate_runs([tmp_path / "a", tmp_path / "b"], out=tmp_path / "merged")
+    sa = aggregate_runs([tmp_path / "a"])  # reuses the parts built for the merge
+    sb = aggregate_runs([tmp_path / "b"])
+    assert_tables_equal(merged, sa.merge(sb))
+    with pytest.raises(AggregateError, match="--out"):
+        aggregate([tmp_path / "a", tmp_path / "b"])
+
+
+def test_errors_name_the_file(tmp_path, case):
+    run = tmp_path / "run"
+    write_run(run, case, k=3, shard_rows=300)
+    # missing shard
+    (run / "shards" / "class_tail-00001.parquet").unlink()
+    with pytest.raises(AggregateError, match="class_tail-00001.parquet: shard file missing"):
+        aggregate([run])
+    # different vocabularies
+    write_run(tmp_path / "k30", dense_case(50, 30, seed=1, docs=3))
+    write_run(tmp_path / "k40", dense_case(50, 40, seed=1, docs=3))
+    with pytest.raises(AggregateError, match="different vocabularies.*K=30.*K=40"):
+        aggregate([tmp_path / "k30", tmp_path / "k40"], out=tmp_path / "m")
+    # a run with no positions
+    empty = tmp_path / "empty"
+    write_run(empty, dense_case(50, 30, seed=1, docs=3))
+    manifest = json.loads((empty / "manifest.json").read_text())
+    manifest["shards"] = []
+    (empty / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(AggregateError, match="no positions"):
+        aggregate([empty])
+    # no manifest
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(Exception, match="no manifest.json"):
+        aggregate([tmp_path / "nothing"])
+
+
+def test_shard_failing_validation(tmp_path, case):
+    run = tmp_path / "run"
+    write_run(run, case, k=3, shard_rows=600)
+    pos = run / "shards" / "positions-00000.parquet"
+    t = pq.read_table(pos)
+    pq.write_table(t.drop_columns(["tail_max"]), pos)
+    with pytest.raises(AggregateError, match="positions-00000.parquet.*tail_max"):
+        aggregate([run])
+    # a label not among the kept ids
+    write_run(run, case, k=3, shard_rows=600)
+    t = pq.read_table(pos)
+    labels = t.column("label").to_numpy().copy()
+    kept0 = set(t.column("kept_ids")[0].as_py())
+    labels[0] = min(set(range(40)) - kept0)
+    t = t.set_column(t.schema.get_field_index("label"), "label", pa.array(labels, pa.int32()))
+    pq.write_table(t.cast(t.schema), pos)
+    with pytest.raises(AggregateError, match="positions-00000.parquet.*label"):
+        aggregate([run])
+
+
+def test_tables_of_another_schema_version(tmp_path, case):
+    run = tmp_path / "run"
+    write_run(run, case, k=3)
+    aggregate([run])
+    meta = json.loads((run / "tables" / "meta.json").read_text())
+    meta["schema_version"] = 99
+    (run / "tables" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(SchemaVersionError, match="meta.json.*99"):
+        load_run_tables(run)
+    aggregate([run])  # rebuilt
+    cb = run / "tables" / "class_bins.parquet"
+    t = pq.read_table(cb)
+    t = t.replace_schema_metadata({"fullece.table": "class_bins", "fullece.schema_version": "7"})
+    pq.write_table(t, cb)
+    with pytest.raises(SchemaVersionError, match="class_bins.parquet.*7"):
+        load_run_tables(run)
+
+
+def test_cli(tmp_path, case):
+    run = tmp_path / "run"
+    write_run(run, case, k=3)
+    res = CliRunner().invoke(aggregate_command, [str(run), "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert "600 positions" in res.output
+    res = CliRunner().invoke(aggregate_command, [str(tmp_path / "missing")])
+    assert res.exit_code != 0 and "missing" in res.output

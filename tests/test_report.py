@@ -1,0 +1,61 @@
+"""`fullece report`: PNG figures and an HTML page that references every one."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.report import report, write_report
+from tests.helpers.analysis_runs import dense_case, write_run
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("n_runs", [1, 3])
+def test_report_files(tmp_path, n_runs):
+    runs = []
+    for i in range(n_runs):
+        case = dense_case(300, 30, seed=40 + i, docs=15, temperature=1.6 - 0.2 * i)
+        write_run(tmp_path / f"r{i}", case, k=5, label=f"ckpt-{i}")
+        runs.append(tmp_path / f"r{i}")
+    html_path = write_report(runs, tmp_path / "out", quiet=True)
+    pngs = sorted((tmp_path / "out").glob("*.png"))
+    names = {p.name for p in pngs}
+    assert {
+        "reliability_top1.png",
+        "reliability_full.png",
+        "metrics_vs_bins.png",
+        "token_frequency.png",
+    } <= names
+    assert ("trend.png" in names) == (n_runs > 1)
+    for p in pngs:
+        data = p.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5000
+    page = html_path.read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    for p in pngs:
+        assert f'href="{p.name}"' in page
+    assert len(re.findall(r'src="data:image/png;base64,', page)) == len(pngs)  # self-contained
+    for i in range(n_runs):
+        assert f"ckpt-{i}" in page
+
+
+def test_report_cli(tmp_path):
+    write_run(tmp_path / "r", dense_case(200, 30, seed=1, docs=5), k=3)
+    res = CliRunner().invoke(report, [str(tmp_path / "r"), "--out", str(tmp_path / "o"), "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "o" / "report.html").exists()
+
+
+def test_matplotlib_only_inside_report():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pipeline.aggregate, pipeline.commands, pipeline.sql, pipeline.report, "
+        "pipeline.bootstrap; assert 'matplotlib' not in sys.modules; "
+        "assert 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
