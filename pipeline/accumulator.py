@@ -133,6 +133,21 @@ def _first_max_per_row(offsets, ids, vals):
     return top1, row_max
 
 
+def _check_no_duplicates(rows, ids, vocab_size, row_offset):
+    """A kept id twice in one row would count its pair twice."""
+    if ids.size < 2:
+        return
+    same_row = rows[1:] == rows[:-1]
+    if np.all(ids[1:][same_row] > ids[:-1][same_row]):
+        return  # ascending within rows (as extraction writes them): no duplicates
+    key = np.sort(rows * vocab_size + ids)
+    dup = np.flatnonzero(key[1:] == key[:-1])
+    if dup.size:
+        key = key[dup[0]]
+        raise InputError(
+            f"row {row_offset + key // vocab_size}: kept id {key % vocab_size} appears twice")
+
+
 class CalibrationAccumulator:
     """Accumulates class_bins, top1_bins, tokens and seq_bins at F fine bins.
 
@@ -310,10 +325,7 @@ class CalibrationAccumulator:
             raise InputError(f"kept probabilities of row {self.positions + i} contain NaN or inf")
         if vals.size:
             check_value_range(float(vals.min()), float(vals.max()), where="kept probabilities")
-        key = rows * k + ids
-        if key.size > 1 and np.any(np.diff(np.sort(key)) == 0):
-            dup = np.sort(key)[np.flatnonzero(np.diff(np.sort(key)) == 0)[0]]
-            raise InputError(f"row {self.positions + dup // k}: kept id {dup % k} appears twice")
+        _check_no_duplicates(rows, ids, k, self.positions)
         hit = (ids == labels[rows]).astype(np.int64)
         hits_per_row = np.bincount(rows, weights=hit, minlength=n)
         missing = np.flatnonzero(hits_per_row != 1)
@@ -343,7 +355,14 @@ class CalibrationAccumulator:
 
         vals64 = vals.astype(np.float64)
         fine = fine_bin_index(vals, f)
-        self._add_class_part(ids, fine, np.ones_like(hit), vals64, hit)
+        in_bin1 = fine == 1  # dense per-class vectors: no grouping needed
+        self._bin1_n += np.bincount(ids[in_bin1], minlength=k)
+        self._bin1_p_sum += np.bincount(ids[in_bin1], weights=vals64[in_bin1], minlength=k)
+        self._bin1_hits += np.bincount(ids[in_bin1], weights=hit[in_bin1], minlength=k).astype(
+            np.int64)
+        above = ~in_bin1
+        self._add_class_part(ids[above], fine[above], np.ones(int(above.sum()), np.int64),
+                             vals64[above], hit[above])
         if top1_ids is None:
             top1_id, top1_prob = _first_max_per_row(offsets, ids, vals)
         else:
@@ -404,7 +423,10 @@ class CalibrationAccumulator:
         self._class_parts = self._compact(self._class_parts)
 
     def _compact(self, parts: list[SparseBins]) -> list[SparseBins]:
-        if len(parts) > 1 and sum(len(p) for p in parts) > _COMPACT_ROWS:
+        """Group-sum raw parts once they outgrow the grouped head (parts[0]),
+        so each row is re-grouped O(log) times, not once per chunk."""
+        pending = sum(len(p) for p in parts[1:])
+        if len(parts) > 1 and pending > max(_COMPACT_ROWS, len(parts[0])):
             return [SparseBins.concat(parts, self.fine_bins + 1, group_single=True)]
         return parts
 
