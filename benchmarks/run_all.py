@@ -1,0 +1,139 @@
+"""Run every benchmark module and write DIR/summary.json.
+
+    python -m benchmarks.run_all --out DIR [--quick]
+
+Runs each ``benchmarks/bench_*.py`` that exists (bench_core, bench_extract,
+bench_aggregate first, any others after them) as its own subprocess,
+``python -m benchmarks.bench_NAME --out DIR [--quick]``, so that one
+benchmark's failure, memory or threads cannot touch the others. A failing
+benchmark is reported and the rest still run; a module that does not accept
+``--quick`` is skipped in a quick run (and reported as skipped). The summary
+holds each module's status, time, output tail and the JSON it wrote
+(DIR/NAME.json). Exits 1 when any benchmark failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+ORDER = ("bench_core", "bench_extract", "bench_aggregate")
+TAIL_CHARS = 4000
+
+
+def discover() -> list[str]:
+    found = sorted(p.stem for p in HERE.glob("bench_*.py"))
+    return [m for m in ORDER if m in found] + [m for m in found if m not in ORDER]
+
+
+def _accepts_quick(module: str) -> bool:
+    proc = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return proc.returncode == 0 and "--quick" in proc.stdout
+
+
+def run_one(module: str, out: Path, quick: bool) -> dict:
+    name = module.removeprefix("bench_")
+    entry = {"module": f"benchmarks.{module}", "json": None}
+    cmd = [sys.executable, "-m", f"benchmarks.{module}", "--out", str(out)]
+    if quick:
+        try:
+            accepts = _accepts_quick(module)
+        except (OSError, subprocess.SubprocessError) as err:
+            accepts, entry["note"] = False, f"--help failed: {err}"
+        if not accepts:
+            entry |= {"status": "skipped", "reason": "does not accept --quick", "seconds": 0.0}
+            return entry
+        cmd.append("--quick")
+    entry["command"] = " ".join(cmd[1:])
+    print(f"\n##### {entry['command']}", flush=True)
+    json_path = out / f"{name}.json"
+    before = json_path.stat().st_mtime if json_path.exists() else None
+    t0 = time.perf_counter()
+    lines: list[str] = []
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
+        for line in proc.stdout:  # echo as it comes, keep a tail for the summary
+            print(line, end="", flush=True)
+            lines.append(line)
+        rc = proc.wait()
+    except OSError as err:
+        rc, lines = -1, [f"could not start: {err}\n"]
+    entry["seconds"] = time.perf_counter() - t0
+    entry["returncode"] = rc
+    entry["status"] = "ok" if rc == 0 else "failed"
+    entry["output_tail"] = "".join(lines)[-TAIL_CHARS:]
+    if json_path.exists() and json_path.stat().st_mtime != before:
+        entry["json_path"] = str(json_path)
+        try:
+            entry["json"] = json.loads(json_path.read_text())
+        except ValueError as err:
+            entry["json_error"] = f"{json_path} is not valid JSON: {err}"
+    elif rc == 0:
+        entry["note"] = f"exited 0 but wrote no {json_path.name}"
+    return entry
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.run_all", description=__doc__)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--quick", action="store_true", help="small sizes in every benchmark")
+    ap.add_argument("--only", default="", help="comma list of modules (e.g. bench_core)")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    modules = discover()
+    if args.only:
+        wanted = {m.strip() for m in args.only.split(",") if m.strip()}
+        modules = [m for m in modules if m in wanted or m.removeprefix("bench_") in wanted]
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    results = [run_one(m, args.out.resolve(), args.quick) for m in modules]
+    summary = {
+        "created": started,
+        "quick": args.quick,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "seconds": time.perf_counter() - t0,
+        "modules": list(modules),
+        "benchmarks": {r["module"].removeprefix("benchmarks.bench_"): r for r in results},
+        "failed": [r["module"] for r in results if r["status"] == "failed"],
+        "skipped": [r["module"] for r in results if r["status"] == "skipped"],
+    }
+    path = args.out / "summary.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    print("\n##### summary")
+    for r in results:
+        extra = r.get("reason") or r.get("note") or ""
+        print(
+            f"  {r['module']:<28} {r['status']:<8} {r.get('seconds', 0):7.1f} s"
+            + (f"  rc={r['returncode']}" if r.get("returncode") else "")
+            + (f"  ({extra})" if extra else "")
+        )
+    if not results:
+        print("  no benchmarks/bench_*.py found")
+    print(f"wrote {path}")
+    return 1 if summary["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
