@@ -1,5 +1,5 @@
-"""`fullece sql`: every worked query of docs/sql_examples.md (pasted into the
-README) runs and matches `fullece metrics` / the tables."""
+"""`fullece sql`: every worked query of the README runs and matches
+`fullece metrics` / the tables."""
 
 from __future__ import annotations
 
@@ -18,19 +18,15 @@ from pipeline.sql import run_query, sql
 from tests.helpers.analysis_runs import dense_case, dense_doc_full_ece, write_run
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "docs" / "sql_examples.md"
-README = ROOT / "README.md"  # the lead pastes docs/sql_examples.md into it
+README = ROOT / "README.md"
 
 
 def sql_blocks():
-    """(file, check name, query) of every ```sql block in the examples and README."""
+    """(file, check name, query) of every ```sql block in the README."""
     out = []
-    for path in (EXAMPLES, README):
-        if not path.exists():
-            continue
-        for b in re.findall(r"```sql\n(.*?)```", path.read_text(), re.S):
-            m = re.search(r"--\s*check:\s*(\S+)", b)
-            out.append((path.name, m.group(1) if m else None, b))
+    for b in re.findall(r"```sql\n(.*?)```", README.read_text(), re.S):
+        m = re.search(r"--\s*check:\s*(\S+)", b)
+        out.append((README.name, m.group(1) if m else None, b))
     return out
 
 
@@ -48,7 +44,7 @@ def test_examples_have_checks():
     blocks = sql_blocks()
     missing = [(f, q[:60]) for f, n, q in blocks if n is None]
     assert not missing, f"every ```sql block needs a '-- check: NAME' line: {missing}"
-    names = {n for f, n, _ in blocks if f == EXAMPLES.name}
+    names = {n for _, n, _ in blocks}
     assert {"full_ece@10", "rare_tokens", "worst_documents"} <= names
 
 
