@@ -33,13 +33,7 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module_name, attr = target.split(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if not err.name or not err.name.startswith("pipeline"):
-                raise
-            return None  # not built yet in this checkout
-        return getattr(module, attr)
+        return getattr(importlib.import_module(module_name), attr)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
