@@ -1,0 +1,749 @@
+"""The embedded default experiment: ``fullece default extract`` and ``fullece default metrics``.
+
+No weights or data sets can be downloaded, so the default makes its own:
+
+``default extract`` (``make extract``)
+    1. builds the default corpus from the standard library's documentation
+       (``pipeline.corpus``; skipped when it is already there for this Python),
+       or uses the user's ``train.*``/``test.*`` in ``--corpus-dir`` or the
+       files given by ``--train-corpus``/``--test-corpus``;
+    2. trains the tokenizer and the small GPT-2 with log-uniform checkpoints
+       (``pipeline.train``; skipped when they exist, resumed when interrupted);
+    3. extracts every checkpoint on the test split into ``RUNS_DIR/<checkpoint>``
+       (top-k store, k = 64, tau = 1/1000, so every M of the paper is exact;
+       a run already complete is skipped, an interrupted one resumes).
+
+``default metrics`` (``make metrics``)
+    aggregates every run of ``RUNS_DIR`` and prints the metrics at the paper's
+    M per checkpoint, the paper's Table 1 (RSD of cw-ECE and Full-ECE over M),
+    the token-frequency shares of the test set, the Full-ECE trend across
+    checkpoints (the paper's Figure 2), a verdict per finding computed from
+    these numbers, then writes the HTML report and prints its path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from pipeline import PAPER_BINS
+from pipeline.atomic import write_json
+from pipeline.train import DEFAULT_STEPS, DEFAULTS
+
+SUMMARY_FILE = "default.json"
+CORPUS_SUFFIXES = (".txt", ".jsonl", ".parquet")
+TREND_M = 10
+# What the paper reports (quoted in the output next to the measured values).
+PAPER_TABLE1 = {"cw_ece": (40.93, 44.90), "full_ece": (7.56, 8.36)}  # 2B and 7B models, %
+PAPER_NEVER, PAPER_RARE = 0.30, 0.41  # share of the vocabulary seen 0 and 1-10 times
+
+
+class DefaultError(click.ClickException):
+    pass
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ extract
+
+
+def _find_split(directory: Path, split: str) -> Path | None:
+    for suffix in CORPUS_SUFFIXES:
+        path = directory / f"{split}{suffix}"
+        if path.exists():
+            return path
+    return None
+
+
+def resolve_corpus(corpus_dir, train_corpus=None, test_corpus=None, *, log=_log) -> dict:
+    """The train/test files of the default: given, the user's, or the built default corpus."""
+    from pipeline.corpus import CORPUS_JSON, build_default_corpus, describe
+
+    corpus_dir = Path(corpus_dir)
+    t0 = time.perf_counter()
+    if (train_corpus is None) != (test_corpus is None):
+        raise DefaultError("give both --train-corpus and --test-corpus, or neither")
+    if train_corpus is not None:
+        info = {
+            "source": "given",
+            "train_path": str(Path(train_corpus).resolve()),
+            "test_path": str(Path(test_corpus).resolve()),
+            "skipped": True,
+        }
+        log(f"corpus: using {train_corpus} (train) and {test_corpus} (test)")
+    elif (
+        not (corpus_dir / CORPUS_JSON).exists()
+        and _find_split(corpus_dir, "train")
+        and _find_split(corpus_dir, "test")
+    ):
+        info = {
+            "source": "user",
+            "skipped": True,
+            "train_path": str(_find_split(corpus_dir, "train").resolve()),
+            "test_path": str(_find_split(corpus_dir, "test").resolve()),
+        }
+        log(f"corpus: using the user's corpus in {corpus_dir} (no {CORPUS_JSON}: not rebuilt)")
+    else:
+        info = dict(build_default_corpus(corpus_dir), source="default")
+        state = "already there, kept" if info["skipped"] else f"built in {info['build_seconds']}s"
+        log(f"{describe(info)} [{state}]")
+    for key in ("train_path", "test_path"):
+        if not Path(info[key]).exists():
+            raise DefaultError(f"corpus file {info[key]} does not exist")
+    info["seconds"] = round(time.perf_counter() - t0, 2)
+    return info
+
+
+def run_default_extract(
+    corpus_dir="data/corpus",
+    models_dir="data/models",
+    runs_dir="runs",
+    *,
+    train_corpus=None,
+    test_corpus=None,
+    train_options: dict | None = None,
+    k: int = 64,
+    tau: float = 1e-3,
+    batch_size: int = 8,
+    device: str = "auto",
+    progress: bool = True,
+    log=_log,
+) -> dict:
+    """Corpus -> checkpoints -> one run per checkpoint. Returns the summary (also in RUNS_DIR/default.json)."""
+    from pipeline.train import train_model
+
+    t_all = time.perf_counter()
+    runs_dir = Path(runs_dir)
+    corpus = resolve_corpus(corpus_dir, train_corpus, test_corpus, log=log)
+
+    t0 = time.perf_counter()
+    options = dict(train_options or {})
+    if Path(corpus["train_path"]).suffix != ".txt":
+        options.setdefault("text_field", "text")
+    checkpoints = train_model(
+        corpus["train_path"], models_dir, progress=progress, log=log, **options
+    )
+    t_train = time.perf_counter() - t0
+
+    from pipeline.extract import ExtractError, run_extraction
+
+    runs = []
+    t_extract = time.perf_counter()
+    for ckpt in checkpoints:
+        out = runs_dir / ckpt.name
+        t0 = time.perf_counter()
+        settings = dict(
+            store="topk",
+            k=k,
+            tau=tau,
+            batch_size=batch_size,
+            device=device,
+            label=ckpt.name,
+            progress=progress,
+        )
+        was_complete = _run_complete(out)
+        try:
+            manifest = run_extraction(ckpt, corpus["test_path"], out, **settings)
+        except ExtractError as err:
+            if not (out / "manifest.json").exists():
+                raise DefaultError(str(err)) from err
+            # a run of an earlier model (retrained checkpoints): replace it
+            log(f"extract: {out} holds a run of another model or corpus; replacing it")
+            manifest = run_extraction(ckpt, corpus["test_path"], out, overwrite=True, **settings)
+            was_complete = False
+        seconds = time.perf_counter() - t0
+        state = "already complete, kept" if was_complete else f"{seconds:.1f}s"
+        log(
+            f"extract: {ckpt.name} -> {out}: {manifest['positions']:,} positions, "
+            f"K = {manifest['vocab_size']}, M_exact = {manifest.get('m_exact') or 'every M'} "
+            f"[{state}]"
+        )
+        runs.append(
+            {
+                "checkpoint": str(ckpt),
+                "run": str(out),
+                "positions": manifest["positions"],
+                "m_exact": manifest.get("m_exact"),
+                "seconds": round(seconds, 2),
+                "skipped": was_complete,
+            }
+        )
+    summary = {
+        "corpus": {
+            k_: corpus.get(k_)
+            for k_ in ("source", "train_path", "test_path", "skipped", "seconds", "python", "files")
+            if k_ in corpus
+        },
+        "models_dir": str(Path(models_dir)),
+        "training": _training_summary(models_dir, t_train),
+        "runs": runs,
+        "extract_seconds": round(time.perf_counter() - t_extract, 2),
+        "total_seconds": round(time.perf_counter() - t_all, 2),
+    }
+    write_json(runs_dir / SUMMARY_FILE, summary)
+    log(
+        f"default extract: done in {summary['total_seconds']:.1f}s (corpus {corpus['seconds']:.1f}s, "
+        f"training {t_train:.1f}s, extraction {summary['extract_seconds']:.1f}s); "
+        f"next: fullece default metrics --runs-dir {runs_dir}"
+    )
+    return summary
+
+
+def _run_complete(run_dir: Path) -> bool:
+    try:
+        return bool(json.loads((run_dir / "manifest.json").read_text()).get("complete"))
+    except (OSError, ValueError):
+        return False
+
+
+def _training_summary(models_dir, seconds: float) -> dict:
+    from pipeline.train import PLAN_FILE
+
+    try:
+        plan = json.loads((Path(models_dir) / PLAN_FILE).read_text())
+    except (OSError, ValueError):
+        plan = {}
+    keep = (
+        "settings",
+        "steps",
+        "tokens_per_step",
+        "checkpoint_steps",
+        "train_seconds",
+        "tokens_per_second",
+        "tokenizer_seconds",
+        "threads",
+    )
+    out = {k: plan[k] for k in keep if k in plan}
+    if "corpus" in plan:
+        out["train_tokens"] = plan["corpus"].get("tokens")
+        out["train_documents"] = plan["corpus"].get("documents")
+    out["seconds_this_call"] = round(seconds, 2)
+    return out
+
+
+# ------------------------------------------------------------------ metrics
+
+
+def find_runs(runs_dir) -> list[Path]:
+    """Run directories under runs_dir (those with a manifest), by training step then name."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        raise DefaultError(f"{runs_dir}: no such directory (run `make extract` first)")
+    runs = [p for p in sorted(runs_dir.iterdir()) if (p / "manifest.json").is_file()]
+    if not runs:
+        raise DefaultError(f"{runs_dir}: holds no runs (run `make extract` first)")
+    return sorted(runs, key=lambda p: (_training_info(p).get("step", math.inf), p.name))
+
+
+def _training_info(run_dir: Path) -> dict:
+    """training.json of the checkpoint a run was extracted from ({} when unknown)."""
+    try:
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        model = Path(manifest["model"]["path"])
+        return json.loads((model / "training.json").read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def position_stats(run_dir) -> dict:
+    """From the positions shards: mean negative log-likelihood of the labels
+    (nats/token) and the largest top-1 probability of the run."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    run_dir = Path(run_dir)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    total, n, top = 0.0, 0, 0.0
+    for shard in manifest.get("shards", []):
+        rel = shard.get("positions")
+        if not rel:
+            continue
+        table = pq.read_table(run_dir / rel, columns=["label_prob", "top1_prob"])
+        p = table.column("label_prob").to_numpy().astype(np.float64)
+        total += float(-np.log(np.maximum(p, np.finfo(np.float32).tiny)).sum())
+        n += p.size
+        if p.size:
+            top = max(top, float(table.column("top1_prob").to_numpy().max()))
+    return {"test_loss": total / n if n else None, "max_prob": top if n else None}
+
+
+def saturated(row: dict, m: int) -> bool:
+    """Every probability of the run lies in bin 1 at M = m (largest <= 1/m): ECE, cw-ECE
+    and Full-ECE then only see bin 1, where Full-ECE is 0 by construction."""
+    top = row.get("max_prob")
+    return top is not None and float(top) * m <= 1.0  # float64(p) * M, as the binning
+
+
+def collect(runs_dir, *, quiet: bool = False) -> list[dict]:
+    """Metrics (paper's M), training info and test loss of every run, in training order."""
+    from pipeline.commands import metrics_for_run
+
+    rows = []
+    for run_dir in find_runs(runs_dir):
+        result = metrics_for_run(run_dir, PAPER_BINS, quiet=quiet)
+        rows.append(
+            {
+                "run_dir": str(run_dir),
+                "label": result["run"]["label"],
+                "training": _training_info(run_dir),
+                **position_stats(run_dir),
+                "metrics": result,
+            }
+        )
+    return rows
+
+
+def _f(x, digits: int = 6) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    return f"{x:.{digits}f}" if abs(x) >= 10 ** -(digits - 2) or x == 0 else f"{x:.2e}"
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.2f}%"
+
+
+def _tokens(n) -> str:
+    if n is None:
+        return "?"
+    if n >= 1e6:
+        return f"{n / 1e6:.2f}M"
+    return f"{n / 1e3:.0f}k" if n >= 1e4 else f"{n:,}"
+
+
+def _excluded_note(excluded: list[dict], m: int) -> str:
+    if not excluded:
+        return ""
+    names = ", ".join(r["label"] for r in excluded)
+    top = max(r["max_prob"] for r in excluded)
+    return (
+        f"; left out: {names}, whose largest probability ({top:.3g}) is <= 1/{m}: at "
+        f"M = {m} every probability lies in bin 1, where Full-ECE is 0 by construction"
+    )
+
+
+def findings(rows: list[dict]) -> dict:
+    """The paper's three findings, judged from the measured numbers.
+
+    A checkpoint that puts every probability in bin 1 (largest <= 1/M, an
+    untrained model) has Full-ECE = 0 at that M by construction; such
+    checkpoints are left out of the judgement (and named), never silently.
+    """
+    import numpy as np
+
+    out = {}
+    # Table 1: RSD of Full-ECE below RSD of cw-ECE
+    with_rsd = [r for r in rows if r["metrics"].get("rsd")]
+    m_min = min((b["M"] for b in rows[0]["metrics"]["bins"]), default=TREND_M)
+    judged = [r for r in with_rsd if not saturated(r, m_min)] or with_rsd
+    excluded = [r for r in with_rsd if r not in judged]
+    lower = [
+        r["label"]
+        for r in judged
+        if r["metrics"]["rsd"]["full_ece"] is not None
+        and r["metrics"]["rsd"]["cw_ece"] is not None
+        and r["metrics"]["rsd"]["full_ece"] < r["metrics"]["rsd"]["cw_ece"]
+    ]
+    if judged and len(lower) == len(judged):
+        status = "reproduced"
+    elif lower:
+        status = "partly reproduced"
+    else:
+        status = "not reproduced"
+    out["table1"] = {
+        "status": status,
+        "checkpoints": len(judged),
+        "full_below_cw": len(lower),
+        "excluded": [r["label"] for r in excluded],
+        "text": f"RSD of Full-ECE < RSD of cw-ECE at {len(lower)} of {len(judged)} checkpoints"
+        f"{_excluded_note(excluded, m_min)} (paper: at both of its models, "
+        "7.6-8.4% vs 40.9-44.9%)",
+    }
+    # token frequency: most of the vocabulary is rare in the test set
+    tf = rows[-1]["metrics"]["token_frequency"]
+    shares = {b["range"]: b["share"] for b in tf["buckets"]}
+    never, rare = shares.get("0", float("nan")), shares.get("1-10", float("nan"))
+    status = "reproduced" if never + rare >= 0.5 else "not reproduced"
+    out["frequency"] = {
+        "status": status,
+        "never": never,
+        "one_to_ten": rare,
+        "text": f"{never * 100:.1f}% of the vocabulary never occurs in the test set and "
+        f"{rare * 100:.1f}% occurs 1-10 times, {(never + rare) * 100:.1f}% in all "
+        f"(paper: 30% and 41%, 71%; criterion: at least half of the vocabulary occurs "
+        f"at most 10 times)",
+    }
+    # Figure 2: Full-ECE (M=10) decreases over training
+    judged = [r for r in rows if not saturated(r, TREND_M)]
+    if len(judged) < 2:
+        judged = rows
+    excluded = [r for r in rows if r not in judged]
+    values = [_at(r, TREND_M)["full_ece"] for r in judged]
+    diffs = np.diff(values).tolist()
+    if len(values) < 2:
+        status, how = "not tested", "a single checkpoint"
+    elif all(d < 0 for d in diffs):
+        status, how = "reproduced", "decreases at every checkpoint"
+    elif values[-1] < values[0]:
+        ups = sum(d >= 0 for d in diffs)
+        status, how = (
+            "partly reproduced",
+            f"lower at the end, but rises at {ups} of {len(diffs)} steps",
+        )
+    else:
+        ups = sum(d >= 0 for d in diffs)
+        status, how = (
+            "not reproduced",
+            (
+                f"not lower at the last checkpoint than at the first "
+                f"(rises at {ups} of {len(diffs)} steps)"
+            ),
+        )
+    out["trend"] = {
+        "status": status,
+        "values": values,
+        "checkpoints": [r["label"] for r in judged],
+        "excluded": [r["label"] for r in excluded],
+        "text": f"Full-ECE (M={TREND_M}) {how}: "
+        + " -> ".join(_f(v, 4) for v in values)
+        + f"{_excluded_note(excluded, TREND_M)}"
+        + " (paper: a consistent decrease over training)",
+    }
+    return out
+
+
+def _at(row: dict, m: int) -> dict:
+    return next(b for b in row["metrics"]["bins"] if b["M"] == m)
+
+
+def format_default(rows: list[dict], verdicts: dict) -> str:
+    bins = [b["M"] for b in rows[0]["metrics"]["bins"]]
+    first = rows[0]["metrics"]
+    lines = [
+        "fullece default: calibration of the embedded GPT-2 at each training checkpoint",
+        f"test split: N = {first['positions']:,} positions, K = {first['vocab_size']:,} "
+        f"classes; {len(rows)} checkpoint(s)",
+        "",
+        "1. Metrics at the paper's M",
+    ]
+    for r in rows:
+        m = r["metrics"]
+        t = r["training"]
+        step = f"step {t['step']}, {_tokens(t.get('tokens_seen'))} training tokens, " if t else ""
+        lines.append("")
+        top = r.get("max_prob")
+        lines.append(
+            f"{r['label']}  ({step}test loss {_f(r['test_loss'], 3)} nats/token, "
+            f"largest probability {'n/a' if top is None else f'{top:.3f}'}, "
+            f"M_exact = {m['m_exact'] if m['m_exact'] is not None else 'every M'})"
+        )
+        lines.append(f"  {'M':>4}  {'ECE':>10}  {'cw-ECE':>10}  {'Full-ECE':>10}  exact")
+        for b in m["bins"]:
+            lines.append(
+                f"  {b['M']:>4}  {_f(b['ece']):>10}  {_f(b['cw_ece']):>10}  "
+                f"{_f(b['full_ece']):>10}  {'yes' if b['exact'] else 'NO'}"
+            )
+    lines += [
+        "",
+        f"2. Table 1: RSD over M in {{{','.join(map(str, bins))}}} "
+        "(paper: cw-ECE 40.93% / 44.90%, Full-ECE 7.56% / 8.36% for its 2B / 7B models)",
+        "",
+        f"  {'checkpoint':<14} {'step':>6}  {'RSD ECE':>9}  {'RSD cw-ECE':>10}  {'RSD Full-ECE':>12}",
+    ]
+    for r in rows:
+        rsd = r["metrics"]["rsd"] or {}
+        lines.append(
+            f"  {r['label']:<14} {r['training'].get('step', ''):>6}  "
+            f"{_pct(rsd.get('ece')):>9}  {_pct(rsd.get('cw_ece')):>10}  "
+            f"{_pct(rsd.get('full_ece')):>12}"
+        )
+    tf = rows[-1]["metrics"]["token_frequency"]
+    labels = rows[-1]["metrics"]["positions"]
+    lines += [
+        "",
+        f"3. Token frequency on the test set ({labels:,} labels, {tf['vocab_size']:,} vocabulary "
+        f"entries, {tf['distinct_labels']:,} distinct labels)",
+        "",
+    ]
+    paper = {"0": f"paper {PAPER_NEVER:.0%}", "1-10": f"paper {PAPER_RARE:.0%}"}
+    for b in tf["buckets"]:
+        note = f"   ({paper[b['range']]})" if b["range"] in paper else ""
+        lines.append(
+            f"  occurs {b['range']:>6} times: {b['share'] * 100:5.1f}% of the vocabulary "
+            f"({b['classes']:,} entries){note}"
+        )
+    lines += [
+        "",
+        f"4. Trend across training (the paper's Figure 2: Full-ECE at M = {TREND_M})",
+        "",
+        f"  {'checkpoint':<14} {'step':>6} {'tokens':>8}  {'test loss':>9}  {'ECE':>8}  "
+        f"{'cw-ECE':>10}  {'Full-ECE':>8}",
+    ]
+    for r in rows:
+        b = _at(r, TREND_M)
+        t = r["training"]
+        lines.append(
+            f"  {r['label']:<14} {t.get('step', ''):>6} "
+            f"{_tokens(t.get('tokens_seen')) if t else '':>8}  "
+            f"{_f(r['test_loss'], 3):>9}  {_f(b['ece'], 4):>8}  {_f(b['cw_ece']):>10}  "
+            f"{_f(b['full_ece'], 4):>8}"
+        )
+    lines += ["", "Findings of the paper on this model (computed from the numbers above):"]
+    for key, name in (
+        ("table1", "Table 1 (stability in M)"),
+        ("frequency", "token frequency"),
+        ("trend", "Figure 2 (trend)"),
+    ):
+        v = verdicts[key]
+        lines.append(f"  [{v['status']}] {name}: {v['text']}")
+    return "\n".join(lines)
+
+
+def run_default_metrics(runs_dir="runs", report_dir="report", *, quiet: bool = False) -> dict:
+    """Aggregate every run, compute everything `default metrics` prints, write the report."""
+    from pipeline.report import write_report
+
+    t0 = time.perf_counter()
+    rows = collect(runs_dir, quiet=quiet)
+    verdicts = findings(rows)
+    text = format_default(rows, verdicts)
+    report = write_report([Path(r["run_dir"]) for r in rows], report_dir, quiet=quiet)
+    summary = {
+        "runs": [
+            {
+                "label": r["label"],
+                "run_dir": r["run_dir"],
+                "training": r["training"],
+                "test_loss": r["test_loss"],
+                "max_prob": r.get("max_prob"),
+                "bins": r["metrics"]["bins"],
+                "rsd": r["metrics"]["rsd"],
+                "token_frequency": r["metrics"]["token_frequency"],
+                "positions": r["metrics"]["positions"],
+                "m_exact": r["metrics"]["m_exact"],
+            }
+            for r in rows
+        ],
+        "findings": verdicts,
+        "report": str(report),
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    write_json(Path(report_dir) / "default_summary.json", _jsonable(summary))
+    return {"text": text, "report": report, "summary": summary}
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+# ------------------------------------------------------------------ CLI
+
+
+@click.group("default")
+def default():
+    """The embedded default experiment (make extract / make metrics).
+
+    \b
+    fullece default extract   corpus -> tokenizer + GPT-2 checkpoints -> one run each
+    fullece default metrics   the paper's metrics, Table 1, token frequency, trend, report
+    """
+
+
+@default.command("extract")
+@click.option(
+    "--corpus-dir",
+    default="data/corpus",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Default corpus (built here) or your own train.* and test.* (.txt/.jsonl/.parquet).",
+)
+@click.option(
+    "--models-dir",
+    default="data/models",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Tokenizer and checkpoints.",
+)
+@click.option(
+    "--runs-dir",
+    default="runs",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="One run directory per checkpoint.",
+)
+@click.option(
+    "--train-corpus",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Train on this file instead (with --test-corpus).",
+)
+@click.option(
+    "--test-corpus",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Extract on this file instead (with --train-corpus).",
+)
+@click.option(
+    "--steps",
+    default=None,
+    type=click.IntRange(1),
+    help=f"Training steps [default: {DEFAULT_STEPS}].",
+)
+@click.option(
+    "--checkpoints",
+    default=None,
+    type=click.IntRange(1),
+    help=f"Checkpoints, log-uniform over the steps [default: {DEFAULTS['checkpoints']}].",
+)
+@click.option("--seed", default=None, type=int, help=f"[default: {DEFAULTS['seed']}]")
+@click.option(
+    "--vocab-size",
+    default=None,
+    type=click.IntRange(260),
+    help=f"BPE vocabulary [default: {DEFAULTS['vocab_size']}].",
+)
+@click.option(
+    "--layers", default=None, type=click.IntRange(1), help=f"[default: {DEFAULTS['layers']}]"
+)
+@click.option(
+    "--width", default=None, type=click.IntRange(8), help=f"[default: {DEFAULTS['width']}]"
+)
+@click.option(
+    "--heads", default=None, type=click.IntRange(1), help=f"[default: {DEFAULTS['heads']}]"
+)
+@click.option(
+    "--context", default=None, type=click.IntRange(8), help=f"[default: {DEFAULTS['context']}]"
+)
+@click.option(
+    "--train-batch-size",
+    default=None,
+    type=click.IntRange(1),
+    help=f"Training sequences per step [default: {DEFAULTS['batch_size']}].",
+)
+@click.option(
+    "--k",
+    "k",
+    default=64,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Top-k kept per position.",
+)
+@click.option(
+    "--tau",
+    default=1e-3,
+    show_default=True,
+    type=float,
+    help="Also keep p > tau (tau <= 1/1000 makes every M of the paper exact).",
+)
+@click.option(
+    "--batch-size",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Extraction windows per forward pass.",
+)
+@click.option(
+    "--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"])
+)
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def extract_command(
+    corpus_dir,
+    models_dir,
+    runs_dir,
+    train_corpus,
+    test_corpus,
+    steps,
+    checkpoints,
+    seed,
+    vocab_size,
+    layers,
+    width,
+    heads,
+    context,
+    train_batch_size,
+    k,
+    tau,
+    batch_size,
+    device,
+    quiet,
+):
+    """Build the corpus, train the checkpoints, extract each on the test split.
+
+    Each stage is skipped when its output is there, so an interrupted run
+    resumes where it stopped.
+    """
+    options = {
+        key: value
+        for key, value in dict(
+            steps=steps,
+            checkpoints=checkpoints,
+            seed=seed,
+            vocab_size=vocab_size,
+            layers=layers,
+            width=width,
+            heads=heads,
+            context=context,
+            batch_size=train_batch_size,
+        ).items()
+        if value is not None
+    }
+    summary = run_default_extract(
+        corpus_dir,
+        models_dir,
+        runs_dir,
+        train_corpus=train_corpus,
+        test_corpus=test_corpus,
+        train_options=options,
+        k=k,
+        tau=tau,
+        batch_size=batch_size,
+        device=device,
+        progress=not quiet,
+    )
+    for run in summary["runs"]:
+        click.echo(run["run"])
+
+
+@default.command("metrics")
+@click.option(
+    "--runs-dir",
+    default="runs",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Where `default extract` wrote the runs.",
+)
+@click.option(
+    "--report-dir",
+    default="report",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Where the HTML report goes.",
+)
+@click.option("--quiet", is_flag=True, help="No progress bars or notices.")
+def metrics_command(runs_dir, report_dir, quiet):
+    """Print the paper's measurements on every run, then write the HTML report."""
+    from pipeline.manifest import RunError
+    from pipeline.schema import SchemaVersionError
+
+    try:
+        result = run_default_metrics(runs_dir, report_dir, quiet=quiet)
+    except (RunError, SchemaVersionError, FileNotFoundError) as err:
+        raise click.ClickException(str(err)) from err
+    click.echo(result["text"])
+    click.echo("")
+    click.echo(f"report: {result['report']}")

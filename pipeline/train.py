@@ -1,0 +1,637 @@
+"""Train the default model: a byte-level BPE tokenizer and a small GPT-2, with checkpoints.
+
+``fullece train --corpus train.txt --out DIR`` works on any text: plain text
+(one document per line), JSON Lines or Parquet (a ``text`` field/column).
+
+* The tokenizer is a byte-level BPE (``tokenizers``) trained on the corpus,
+  wrapped as a ``PreTrainedTokenizerFast`` with ``<|endoftext|>`` as bos/eos;
+  encoding a text prepends ``<|endoftext|>`` (``add_special_tokens=True``).
+* The model is a ``GPT2LMHeadModel`` (default: 2 layers, width 128, 4 heads,
+  context 256, vocabulary 4096, about 1M parameters).
+* The documents are packed into one stream, each preceded by ``<|endoftext|>``,
+  and cut into blocks of ``context`` tokens; each epoch shifts the cut by a
+  seeded offset and visits the blocks in a seeded order, so the batch at any
+  step is a pure function of (seed, step).
+* Checkpoints are spread log-uniformly over training (for 5: about
+  1/81, 1/27, 1/9, 1/3 and all of the steps) and saved atomically as ordinary
+  Hugging Face directories ``DIR/ckpt-000123/`` (model + tokenizer +
+  ``training.json`` + ``trainer_state.safetensors``, the optimizer and RNG state).
+* Deterministic for a seed (and a thread count). An interrupted run resumes
+  from its last checkpoint; a finished one is skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+from pipeline.atomic import atomic_path, write_json
+
+EOT = "<|endoftext|>"
+PLAN_FILE = "training.json"
+TOKENIZER_DIR = "tokenizer"
+STATE_FILE = "trainer_state.safetensors"
+CKPT_PREFIX = "ckpt-"
+
+# The default experiment's model (issue 5). DEFAULT_STEPS x batch x context
+# tokens: sized so that training takes about 4 minutes on 2 CPU cores.
+DEFAULTS = dict(
+    vocab_size=4096,
+    layers=2,
+    width=128,
+    heads=4,
+    context=256,
+    batch_size=16,
+    lr=3e-3,
+    warmup=None,
+    weight_decay=0.01,
+    seed=0,
+    checkpoints=5,
+)
+DEFAULT_STEPS = 800
+
+
+class TrainingError(click.ClickException):
+    """Training cannot proceed (mismatching directory, empty corpus...)."""
+
+
+# --------------------------------------------------------------------------- input
+
+
+def read_texts(path, text_field: str = "text") -> list[str]:
+    """Documents of a corpus file: .txt (one per line), .jsonl/.json (JSON Lines), .parquet."""
+    path = Path(path)
+    if not path.exists():
+        raise TrainingError(f"{path}: no such corpus file")
+    suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        docs = []
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                obj = json.loads(line)
+                if isinstance(obj, str):
+                    docs.append(obj)
+                elif text_field in obj:
+                    docs.append(str(obj[text_field]))
+                else:
+                    raise TrainingError(f"{path}:{n}: no {text_field!r} field")
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path, columns=[text_field])
+        docs = [str(t) for t in table.column(text_field).to_pylist() if t is not None]
+    else:
+        with open(path, encoding="utf-8") as f:
+            docs = [line.rstrip("\n") for line in f]
+    docs = [d for d in docs if d.strip()]
+    if not docs:
+        raise TrainingError(f"{path}: no documents")
+    return docs
+
+
+def sha256_file(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def train_tokenizer(docs: list[str], vocab_size: int, context: int):
+    """A byte-level BPE trained on `docs`, as a PreTrainedTokenizerFast."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(docs, trainer=trainer, length=len(docs))
+    # Every document starts with <|endoftext|>, as in the packed training
+    # stream, so the first token of a document is predicted (and scored) too.
+    eot = tok.token_to_id(EOT)
+    tok.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single=f"{EOT} $A", pair=f"{EOT} $A {EOT} $B", special_tokens=[(EOT, eot)]
+            ),
+        ]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=EOT,
+        eos_token=EOT,
+        unk_token=EOT,
+        pad_token=EOT,
+        model_max_length=context,
+    )
+
+
+def load_tokenizer(path):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+
+
+def encode_stream(tokenizer, docs: list[str], batch: int = 2048) -> np.ndarray:
+    """All documents as one int32 token stream, each preceded by <|endoftext|>."""
+    eot = tokenizer.convert_tokens_to_ids(EOT)
+    parts = []
+    for i in range(0, len(docs), batch):
+        enc = tokenizer(docs[i : i + batch], add_special_tokens=False, verbose=False)["input_ids"]
+        for ids in enc:
+            parts.append(np.asarray([eot] + ids, dtype=np.int32))
+    return np.concatenate(parts)
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+def checkpoint_steps(total_steps: int, n: int) -> list[int]:
+    """n steps spread log-uniformly up to total_steps (ratio 3: T/81, T/27, T/9, T/3, T for 5)."""
+    if total_steps < 1 or n < 1:
+        raise ValueError("total_steps and n must be >= 1")
+    first = max(1.0, total_steps / 3.0 ** (n - 1))
+    raw = np.geomspace(first, total_steps, n) if n > 1 else np.array([total_steps])
+    steps = sorted({max(1, min(total_steps, int(round(s)))) for s in raw})
+    steps[-1] = total_steps
+    return steps
+
+
+def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
+    """Linear warmup, then cosine decay to lr/10 (step is 1-based)."""
+    if step <= warmup:
+        return lr * step / max(1, warmup)
+    progress = (step - warmup) / max(1, total - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def batch_blocks(n_tokens: int, context: int, batch_size: int, step: int, seed: int):
+    """(start offsets) of the `batch_size` blocks of 0-based `step`: pure in (seed, step)."""
+    n_blocks = (n_tokens - context) // context  # leave room for any epoch offset
+    if n_blocks < 1:
+        raise TrainingError(f"corpus too small: {n_tokens} tokens for context {context}")
+    starts = np.empty(batch_size, dtype=np.int64)
+    cache: dict[int, tuple[int, np.ndarray]] = {}
+    for j in range(batch_size):
+        g = step * batch_size + j
+        epoch, pos = divmod(g, n_blocks)
+        if epoch not in cache:
+            rng = np.random.default_rng([seed, epoch])
+            cache[epoch] = (int(rng.integers(context)), rng.permutation(n_blocks))
+        offset, perm = cache[epoch]
+        starts[j] = offset + perm[pos] * context
+    return starts
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _plan(corpus_path: Path, settings: dict, steps: int, ckpts: list[int], text_field) -> dict:
+    return {
+        "corpus": {
+            "path": str(corpus_path),
+            "sha256": sha256_file(corpus_path),
+            "text_field": text_field,
+        },
+        "settings": settings,
+        "steps": steps,
+        "tokens_per_step": settings["batch_size"] * settings["context"],
+        "checkpoint_steps": ckpts,
+    }
+
+
+def _plan_key(plan: dict) -> dict:
+    """The parts of a plan that must match for a directory to be reused."""
+    return {
+        "sha256": plan["corpus"]["sha256"],
+        "settings": plan["settings"],
+        "steps": plan["steps"],
+        "checkpoint_steps": plan["checkpoint_steps"],
+    }
+
+
+def ckpt_dir(out_dir: Path, step: int) -> Path:
+    return Path(out_dir) / f"{CKPT_PREFIX}{step:06d}"
+
+
+def list_checkpoints(models_dir) -> list[Path]:
+    """Complete checkpoint directories under models_dir, by step."""
+    models_dir = Path(models_dir)
+    if not models_dir.is_dir():
+        return []
+    found = [
+        p
+        for p in models_dir.iterdir()
+        if p.is_dir() and p.name.startswith(CKPT_PREFIX) and (p / PLAN_FILE).exists()
+    ]
+    return sorted(found, key=lambda p: p.name)
+
+
+def train_model(
+    corpus_path,
+    out_dir,
+    *,
+    steps: int = DEFAULT_STEPS,
+    checkpoints: int = DEFAULTS["checkpoints"],
+    seed: int = DEFAULTS["seed"],
+    vocab_size: int = DEFAULTS["vocab_size"],
+    layers: int = DEFAULTS["layers"],
+    width: int = DEFAULTS["width"],
+    heads: int = DEFAULTS["heads"],
+    context: int = DEFAULTS["context"],
+    batch_size: int = DEFAULTS["batch_size"],
+    lr: float = DEFAULTS["lr"],
+    warmup: int | None = DEFAULTS["warmup"],
+    weight_decay: float = DEFAULTS["weight_decay"],
+    text_field: str = "text",
+    threads: int | None = None,
+    force: bool = False,
+    progress: bool = True,
+    log=None,
+) -> list[Path]:
+    """Train tokenizer + GPT-2 on corpus_path, saving checkpoints under out_dir.
+
+    Returns the checkpoint directories (by step). Skips training when all of
+    them exist for the same corpus and settings; resumes from the last one
+    when some exist. A directory trained with other settings is refused
+    unless ``force`` (which deletes its checkpoints).
+    """
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    corpus_path = Path(corpus_path).resolve()
+    out_dir = Path(out_dir)
+    if warmup is None:
+        warmup = max(1, min(100, steps // 10))
+    settings = dict(
+        vocab_size=vocab_size,
+        layers=layers,
+        width=width,
+        heads=heads,
+        context=context,
+        batch_size=batch_size,
+        lr=lr,
+        warmup=warmup,
+        weight_decay=weight_decay,
+        seed=seed,
+    )
+    ckpts = checkpoint_steps(steps, checkpoints)
+    plan = _plan(corpus_path, settings, steps, ckpts, text_field)
+
+    plan_path = out_dir / PLAN_FILE
+    if plan_path.exists():
+        old = json.loads(plan_path.read_text())
+        if _plan_key(old) != _plan_key(plan):
+            if not force:
+                raise TrainingError(
+                    f"{out_dir} holds a model trained with another corpus or settings "
+                    f"(see {plan_path}); remove it, choose another --out, or pass --force"
+                )
+            _clear(out_dir)
+        elif not force:
+            done = {int(p.name[len(CKPT_PREFIX) :]) for p in list_checkpoints(out_dir)}
+            if all(s in done for s in ckpts):
+                log(f"train: all {len(ckpts)} checkpoints present in {out_dir}, skipped")
+                return [ckpt_dir(out_dir, s) for s in ckpts]
+        else:
+            _clear(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    import torch
+
+    if threads is None:
+        threads = min(os.cpu_count() or 1, 16)
+    torch.set_num_threads(threads)
+    # CPU kernels are deterministic for a fixed thread count (checked by the
+    # tests); torch.use_deterministic_algorithms would halve the speed here.
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+    t_start = time.perf_counter()
+    docs = read_texts(corpus_path, text_field)
+    tok_dir = out_dir / TOKENIZER_DIR
+    if (tok_dir / "tokenizer.json").exists() and plan_path.exists():
+        tokenizer = load_tokenizer(tok_dir)
+    else:
+        tokenizer = train_tokenizer(docs, vocab_size, context)
+        with atomic_path(tok_dir) as tmp:
+            tokenizer.save_pretrained(str(tmp))
+    t_tok = time.perf_counter() - t_start
+    stream = encode_stream(tokenizer, docs)
+    plan["corpus"].update(documents=len(docs), tokens=int(stream.size))
+    plan["tokenizer_seconds"] = round(t_tok, 2)
+    write_json(plan_path, plan)
+    log(
+        f"train: {len(docs)} documents, {stream.size} tokens (tokenizer {len(tokenizer)} "
+        f"entries, {t_tok:.1f}s); {steps} steps x {batch_size} x {context} = "
+        f"{steps * batch_size * context / 1e6:.2f}M tokens "
+        f"({steps * batch_size * context / stream.size:.1f} epochs); checkpoints at {ckpts}"
+    )
+
+    model, optimizer = _make_model(tokenizer, settings, torch)
+    start = 0
+    existing = [p for p in list_checkpoints(out_dir) if int(p.name[len(CKPT_PREFIX) :]) in ckpts]
+    if existing and (existing[-1] / STATE_FILE).exists():
+        start, loss_ema = _resume(existing[-1], model, optimizer, torch)
+        log(f"train: resuming from {existing[-1].name} (step {start})")
+    else:
+        loss_ema = None
+
+    data = torch.from_numpy(stream.astype(np.int64))
+    model.train()
+    bar = _progress(steps, start, progress)
+    t0 = time.perf_counter()
+    tokens_done = 0
+    for step in range(start, steps):
+        starts = batch_blocks(stream.size, context, batch_size, step, seed)
+        idx = torch.from_numpy(starts)[:, None] + torch.arange(context)[None, :]
+        batch = data[idx]
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step + 1, steps, lr, warmup)
+        loss = model(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise TrainingError(f"training diverged at step {step + 1} (loss {value})")
+        loss_ema = value if loss_ema is None else 0.9 * loss_ema + 0.1 * value
+        tokens_done += batch.numel()
+        rate = tokens_done / max(1e-9, time.perf_counter() - t0)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix_str(f"loss {loss_ema:.3f}, {rate / 1e3:.1f}k tok/s")
+        if step + 1 in ckpts:
+            _save_checkpoint(
+                out_dir,
+                step + 1,
+                model,
+                optimizer,
+                torch,
+                loss_ema,
+                {
+                    "step": step + 1,
+                    "tokens_seen": (step + 1) * batch_size * context,
+                    "epochs": round((step + 1) * batch_size * context / stream.size, 3),
+                    "train_loss": round(loss_ema, 5),
+                    "lr": optimizer.param_groups[0]["lr"],
+                    "seed": seed,
+                },
+            )
+    if bar is not None:
+        bar.close()
+    elapsed = time.perf_counter() - t0
+    if steps > start:
+        plan["train_seconds"] = round(elapsed, 2)
+        plan["tokens_per_second"] = round(tokens_done / max(elapsed, 1e-9), 1)
+        plan["threads"] = threads
+        write_json(plan_path, plan)
+        log(
+            f"train: {steps - start} steps in {elapsed:.1f}s "
+            f"({tokens_done / max(elapsed, 1e-9) / 1e3:.1f}k tokens/s on {threads} threads)"
+        )
+    return [ckpt_dir(out_dir, s) for s in ckpts]
+
+
+def _make_model(tokenizer, settings: dict, torch):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(settings["seed"])
+    eot = tokenizer.convert_tokens_to_ids(EOT)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=settings["context"],
+        n_embd=settings["width"],
+        n_layer=settings["layers"],
+        n_head=settings["heads"],
+        bos_token_id=eot,
+        eos_token_id=eot,
+    )
+    model = GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"  # the standard shifted cross-entropy (silences a warning)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": settings["weight_decay"]},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=settings["lr"],
+        betas=(0.9, 0.95),
+    )
+    return model, optimizer
+
+
+def _save_checkpoint(out_dir, step, model, optimizer, torch, loss_ema, info) -> Path:
+    path = ckpt_dir(out_dir, step)
+    with atomic_path(path) as tmp:
+        tmp.mkdir()
+        model.save_pretrained(str(tmp))
+        # the saved tokenizer files, byte for byte (a resumed run writes the same checkpoint)
+        for f in sorted((Path(out_dir) / TOKENIZER_DIR).iterdir()):
+            shutil.copyfile(f, tmp / f.name)
+        _save_state(tmp / STATE_FILE, step, optimizer, torch, loss_ema)
+        write_json(tmp / PLAN_FILE, info)
+    return path
+
+
+def _resume(path: Path, model, optimizer, torch) -> tuple[int, float | None]:
+    from safetensors.torch import load_file
+
+    weights = path / "model.safetensors"
+    state = load_file(str(weights))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # tied weights (lm_head = wte) are saved once
+    if [m for m in missing if not m.startswith("lm_head")] or unexpected:
+        raise TrainingError(
+            f"{path}: checkpoint does not match the model ({missing}, {unexpected})"
+        )
+    model.tie_weights()
+    return _load_state(path / STATE_FILE, optimizer, torch)
+
+
+def _save_state(path: Path, step: int, optimizer, torch, loss_ema) -> None:
+    """Optimizer + RNG state as safetensors (no pickle: byte-identical for identical states)."""
+    from safetensors.torch import save_file
+
+    sd = optimizer.state_dict()
+    tensors = {"torch_rng": torch.get_rng_state()}
+    for index, state in sd["state"].items():
+        for key, value in state.items():
+            tensors[f"optimizer.{index}.{key}"] = value.detach().contiguous()
+    meta = {"step": step, "loss_ema": loss_ema, "param_groups": sd["param_groups"]}
+    save_file(tensors, str(path), metadata={"trainer": json.dumps(meta, sort_keys=True)})
+
+
+def _load_state(path: Path, optimizer, torch) -> tuple[int, float | None]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()["trainer"])
+        tensors = {key: f.get_tensor(key) for key in f.keys()}
+    state: dict = {}
+    for key, value in tensors.items():
+        if key.startswith("optimizer."):
+            _, index, name = key.split(".", 2)
+            state.setdefault(int(index), {})[name] = value
+    groups = meta["param_groups"]
+    for group in groups:
+        if isinstance(group.get("betas"), list):
+            group["betas"] = tuple(group["betas"])
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    torch.set_rng_state(tensors["torch_rng"])
+    return int(meta["step"]), meta.get("loss_ema")
+
+
+def _clear(out_dir: Path) -> None:
+    for p in list_checkpoints(out_dir):
+        shutil.rmtree(p)
+    shutil.rmtree(out_dir / TOKENIZER_DIR, ignore_errors=True)
+    (out_dir / PLAN_FILE).unlink(missing_ok=True)
+
+
+def _progress(total, start, enabled):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        initial=start,
+        unit="step",
+        desc="train",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        mininterval=1.0,
+    )
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+@click.command("train")
+@click.option(
+    "--corpus",
+    "corpus_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Training text: .txt (one document per line), .jsonl or .parquet.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Directory for tokenizer/ and the ckpt-NNNNNN/ checkpoints.",
+)
+@click.option("--steps", default=DEFAULT_STEPS, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--checkpoints",
+    default=DEFAULTS["checkpoints"],
+    show_default=True,
+    type=click.IntRange(1),
+    help="How many, spread log-uniformly over the steps.",
+)
+@click.option("--seed", default=DEFAULTS["seed"], show_default=True, type=int)
+@click.option(
+    "--vocab-size", default=DEFAULTS["vocab_size"], show_default=True, type=click.IntRange(260)
+)
+@click.option("--layers", default=DEFAULTS["layers"], show_default=True, type=click.IntRange(1))
+@click.option("--width", default=DEFAULTS["width"], show_default=True, type=click.IntRange(8))
+@click.option("--heads", default=DEFAULTS["heads"], show_default=True, type=click.IntRange(1))
+@click.option("--context", default=DEFAULTS["context"], show_default=True, type=click.IntRange(8))
+@click.option(
+    "--batch-size", default=DEFAULTS["batch_size"], show_default=True, type=click.IntRange(1)
+)
+@click.option("--lr", default=DEFAULTS["lr"], show_default=True, type=float)
+@click.option(
+    "--warmup",
+    default=None,
+    type=click.IntRange(0),
+    help="Warmup steps [default: steps/10, at most 100].",
+)
+@click.option(
+    "--text-field",
+    default="text",
+    show_default=True,
+    help="Field/column holding the text in .jsonl/.parquet.",
+)
+@click.option(
+    "--threads",
+    default=None,
+    type=click.IntRange(1),
+    help="torch CPU threads [default: all cores].",
+)
+@click.option("--force", is_flag=True, help="Retrain even when checkpoints exist.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def train(
+    corpus_path,
+    out_dir,
+    steps,
+    checkpoints,
+    seed,
+    vocab_size,
+    layers,
+    width,
+    heads,
+    context,
+    batch_size,
+    lr,
+    warmup,
+    text_field,
+    threads,
+    force,
+    quiet,
+):
+    """Train a byte-level BPE tokenizer and a small GPT-2 on your text, with checkpoints.
+
+    Checkpoints are spread log-uniformly over the steps and saved as ordinary
+    Hugging Face directories (model + tokenizer) OUT/ckpt-NNNNNN, loadable
+    with AutoModelForCausalLM and usable with `fullece extract --model`.
+    Deterministic for a seed; resumes when interrupted, skips when done.
+    """
+    if width % heads:
+        raise click.BadParameter(f"width {width} is not a multiple of heads {heads}")
+    paths = train_model(
+        corpus_path,
+        out_dir,
+        steps=steps,
+        checkpoints=checkpoints,
+        seed=seed,
+        vocab_size=vocab_size,
+        layers=layers,
+        width=width,
+        heads=heads,
+        context=context,
+        batch_size=batch_size,
+        lr=lr,
+        warmup=warmup,
+        text_field=text_field,
+        threads=threads,
+        force=force,
+        progress=not quiet,
+    )
+    for p in paths:
+        click.echo(str(p))
