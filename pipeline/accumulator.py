@@ -83,7 +83,9 @@ def _summarise_torch(p, labels, threshold, exact_row_sums) -> _DenseSummary:
     arange = torch.arange(b, device=p.device)
     return _DenseSummary(
         row_sums=p.sum(dim=1, dtype=torch.float64 if exact_row_sums else torch.float32)
-        .cpu().numpy().astype(np.float64),
+        .cpu()
+        .numpy()
+        .astype(np.float64),
         col_sums=p.sum(dim=0, dtype=torch.float64).cpu().numpy(),
         rows=rows.cpu().numpy().astype(np.int64),
         cols=cols.cpu().numpy().astype(np.int64),
@@ -101,8 +103,11 @@ def _softmax_of_record(logits, logsumexp=None):
         import torch
 
         x = logits.float()
-        lse = torch.logsumexp(x, dim=1) if logsumexp is None else torch.as_tensor(
-            logsumexp, device=x.device, dtype=torch.float32)
+        lse = (
+            torch.logsumexp(x, dim=1)
+            if logsumexp is None
+            else torch.as_tensor(logsumexp, device=x.device, dtype=torch.float32)
+        )
         if not torch.isfinite(lse).all():
             bad = int((~torch.isfinite(lse)).nonzero()[0, 0])
             raise InputError(f"logits of row {bad} contain NaN or inf")
@@ -145,7 +150,8 @@ def _check_no_duplicates(rows, ids, vocab_size, row_offset):
     if dup.size:
         key = key[dup[0]]
         raise InputError(
-            f"row {row_offset + key // vocab_size}: kept id {key % vocab_size} appears twice")
+            f"row {row_offset + key // vocab_size}: kept id {key % vocab_size} appears twice"
+        )
 
 
 class CalibrationAccumulator:
@@ -338,7 +344,11 @@ class CalibrationAccumulator:
         tail_count = to_numpy(tail_count).astype(np.int64)
         tail_mass = to_numpy(tail_mass).astype(np.float64)
         tail_max = to_numpy(tail_max).astype(np.float32)
-        for name, arr in (("tail_count", tail_count), ("tail_mass", tail_mass), ("tail_max", tail_max)):
+        for name, arr in (
+            ("tail_count", tail_count),
+            ("tail_mass", tail_mass),
+            ("tail_max", tail_max),
+        ):
             if arr.shape != (n,):
                 raise InputError(f"{name} must be [n] = [{n}], got shape {arr.shape}")
         wrong = np.flatnonzero(counts + tail_count != k)
@@ -359,10 +369,12 @@ class CalibrationAccumulator:
         self._bin1_n += np.bincount(ids[in_bin1], minlength=k)
         self._bin1_p_sum += np.bincount(ids[in_bin1], weights=vals64[in_bin1], minlength=k)
         self._bin1_hits += np.bincount(ids[in_bin1], weights=hit[in_bin1], minlength=k).astype(
-            np.int64)
+            np.int64
+        )
         above = ~in_bin1
-        self._add_class_part(ids[above], fine[above], np.ones(int(above.sum()), np.int64),
-                             vals64[above], hit[above])
+        self._add_class_part(
+            ids[above], fine[above], np.ones(int(above.sum()), np.int64), vals64[above], hit[above]
+        )
         if top1_ids is None:
             top1_id, top1_prob = _first_max_per_row(offsets, ids, vals)
         else:
@@ -418,8 +430,12 @@ class CalibrationAccumulator:
     def _add_class_part(self, ids, bins, n, p_sum, hits):
         # raw (ungrouped) rows; grouped in bulk, which is far cheaper per row
         self._class_parts.append(
-            SparseBins(np.asarray(ids, np.int64), np.asarray(bins, np.int32),
-                       {"n": n, "p_sum": p_sum, "hits": hits}))
+            SparseBins(
+                np.asarray(ids, np.int64),
+                np.asarray(bins, np.int32),
+                {"n": n, "p_sum": p_sum, "hits": hits},
+            )
+        )
         self._class_parts = self._compact(self._class_parts)
 
     def _compact(self, parts: list[SparseBins]) -> list[SparseBins]:
@@ -435,15 +451,23 @@ class CalibrationAccumulator:
         tb = fine_bin_index(top1_prob, f) - 1
         self._top1_n += np.bincount(tb, minlength=f)
         self._top1_conf_sum += np.bincount(tb, weights=top1_prob.astype(np.float64), minlength=f)
-        self._top1_correct += np.bincount(tb, weights=(top1_id == labels), minlength=f).astype(np.int64)
+        self._top1_correct += np.bincount(tb, weights=(top1_id == labels), minlength=f).astype(
+            np.int64
+        )
         self._top1_count += np.bincount(top1_id, minlength=self.vocab_size)
 
-    def _add_seq_parts(self, seq_ids, *, entry_rows, entry_bins, entry_n, entry_p, entry_hits,
-                       top1_prob, correct):
+    def _add_seq_parts(
+        self, seq_ids, *, entry_rows, entry_bins, entry_n, entry_p, entry_hits, top1_prob, correct
+    ):
         b = seq_ids.size
         keep = entry_n > 0  # a row whose K pairs are all above bin 1 has no bin-1 entry
         entry_rows, entry_bins, entry_n, entry_p, entry_hits = (
-            entry_rows[keep], entry_bins[keep], entry_n[keep], entry_p[keep], entry_hits[keep])
+            entry_rows[keep],
+            entry_bins[keep],
+            entry_n[keep],
+            entry_p[keep],
+            entry_hits[keep],
+        )
         m = entry_rows.size
         zeros_i, zeros_f = np.zeros(m, np.int64), np.zeros(m, np.float64)
         part = SparseBins(
@@ -476,8 +500,11 @@ class CalibrationAccumulator:
         bin1 = SparseBins(
             present.astype(np.int64),
             np.ones(present.size, np.int32),
-            {"n": self._bin1_n[present], "p_sum": self._bin1_p_sum[present],
-             "hits": self._bin1_hits[present]},
+            {
+                "n": self._bin1_n[present],
+                "p_sum": self._bin1_p_sum[present],
+                "hits": self._bin1_hits[present],
+            },
         )
         class_bins = SparseBins.concat([bin1, *self._class_parts], stride, group_single=True)
         seq_bins = SparseBins.concat(self._seq_parts, stride, group_single=True)
@@ -501,8 +528,17 @@ class CalibrationAccumulator:
         """Fold another accumulator's state into this one (same K and F)."""
         if (other.vocab_size, other.fine_bins) != (self.vocab_size, self.fine_bins):
             raise ValueError("cannot merge accumulators of different K or F")
-        for name in ("_bin1_n", "_bin1_p_sum", "_bin1_hits", "_top1_n", "_top1_conf_sum",
-                     "_top1_correct", "_label_count", "_top1_count", "_p_mass"):
+        for name in (
+            "_bin1_n",
+            "_bin1_p_sum",
+            "_bin1_hits",
+            "_top1_n",
+            "_top1_conf_sum",
+            "_top1_correct",
+            "_label_count",
+            "_top1_count",
+            "_p_mass",
+        ):
             getattr(self, name).__iadd__(getattr(other, name))
         self._class_parts += other._class_parts
         self._seq_parts += other._seq_parts

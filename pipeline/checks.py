@@ -57,7 +57,9 @@ def check_prob_matrix_shape(probs, labels_len: int | None = None) -> tuple[int, 
     return n, k
 
 
-def check_row_sums(row_sums: np.ndarray, *, row_offset: int = 0, atol: float = ROW_SUM_ATOL) -> None:
+def check_row_sums(
+    row_sums: np.ndarray, *, row_offset: int = 0, atol: float = ROW_SUM_ATOL
+) -> None:
     """row_sums in float64; NaN/inf anywhere in a row shows up here too."""
     bad_finite = np.flatnonzero(~np.isfinite(row_sums))
     if bad_finite.size:

@@ -88,8 +88,8 @@ def metrics_at(tables: BinTables, n_bins: int) -> dict:
         "M": n_bins,
         "ece": ece_formula(correct, conf, tables.positions),
         "cw_ece": classwise_ece_formula(
-            per_class.values["hits"], per_class.values["p_sum"], tables.positions,
-            tables.vocab_size),
+            per_class.values["hits"], per_class.values["p_sum"], tables.positions, tables.vocab_size
+        ),
         "full_ece": full_ece_formula(hits, p_sum, tables.positions),
         "exact": is_exact(n_bins, tables.m_exact),
     }
@@ -103,8 +103,9 @@ def token_frequency(tables: BinTables) -> dict:
     for name, lo, hi in FREQUENCY_BUCKETS:
         mask = counts >= lo if hi is None else (counts >= lo) & (counts <= hi)
         classes = int(mask.sum())
-        buckets.append({"range": name, "min": lo, "max": hi, "classes": classes,
-                        "share": classes / k})
+        buckets.append(
+            {"range": name, "min": lo, "max": hi, "classes": classes, "share": classes / k}
+        )
     return {
         "vocab_size": k,
         "distinct_labels": int((counts > 0).sum()),
@@ -147,14 +148,22 @@ def reliability(tables: BinTables, n_bins: int = 10) -> dict:
 
     def describe(n, p_sum, hits):
         with np.errstate(invalid="ignore", divide="ignore"):
-            return {"count": n, "mean_prob": np.where(n > 0, p_sum / n, np.nan),
-                    "frequency": np.where(n > 0, hits / n, np.nan),
-                    "gap_mass": (hits - p_sum) / tables.positions}
+            return {
+                "count": n,
+                "mean_prob": np.where(n > 0, p_sum / n, np.nan),
+                "frequency": np.where(n > 0, hits / n, np.nan),
+                "gap_mass": (hits - p_sum) / tables.positions,
+            }
 
     n1, conf, correct = top1_by_bin(tables, n_bins)
     nf, p_sum, hits = pooled_by_bin(tables, n_bins)
-    return {"n_bins": n_bins, "edges": edges, "positions": tables.positions,
-            "top1": describe(n1, conf, correct), "full": describe(nf, p_sum, hits)}
+    return {
+        "n_bins": n_bins,
+        "edges": edges,
+        "positions": tables.positions,
+        "top1": describe(n1, conf, correct),
+        "full": describe(nf, p_sum, hits),
+    }
 
 
 # ---- functional API on arrays ----------------------------------------------

@@ -42,7 +42,9 @@ POSITIONS = pa.schema(
     [
         pa.field("doc_id", pa.int64(), nullable=False),  # document index in the corpus
         pa.field("window", pa.int32(), nullable=False),  # sliding-window index in the doc
-        pa.field("offset", pa.int32(), nullable=False),  # token index of the label in the doc (>= 1)
+        pa.field(
+            "offset", pa.int32(), nullable=False
+        ),  # token index of the label in the doc (>= 1)
         pa.field("label", pa.int32(), nullable=False),
         pa.field("label_prob", pa.float32(), nullable=False),
         pa.field("top1_id", pa.int32(), nullable=False),  # argmax, first index among ties
@@ -125,10 +127,17 @@ TABLE_SCHEMAS = {
 
 # Full store: Zarr v3 group per shard (attribute fullece.schema_version).
 ZARR_ARRAYS = {
-    "logits": {"shape": "[n, K]", "dtype": "float16 | float32", "chunks": "[rows, K]",
-               "codecs": "bytes + blosc(zstd, clevel=1, shuffle)"},
-    "logsumexp": {"shape": "[n]", "dtype": "float32",
-                  "note": "p = exp(float32(logit) - logsumexp), computed in float32"},
+    "logits": {
+        "shape": "[n, K]",
+        "dtype": "float16 | float32",
+        "chunks": "[rows, K]",
+        "codecs": "bytes + blosc(zstd, clevel=1, shuffle)",
+    },
+    "logsumexp": {
+        "shape": "[n]",
+        "dtype": "float32",
+        "note": "p = exp(float32(logit) - logsumexp), computed in float32",
+    },
 }
 
 
@@ -159,9 +168,7 @@ def schema_as_json(schema: pa.Schema) -> dict:
     return {
         "table": meta.get("fullece.table"),
         "schema_version": SCHEMA_VERSION,
-        "columns": [
-            {"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in schema
-        ],
+        "columns": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in schema],
     }
 
 

@@ -58,7 +58,10 @@ class SparseBins:
         return cls(
             np.zeros(0, np.int64),
             np.zeros(0, np.int32),
-            {k: np.zeros(0, np.float64 if k in ("p_sum", "conf_sum") else np.int64) for k in value_names},
+            {
+                k: np.zeros(0, np.float64 if k in ("p_sum", "conf_sum") else np.int64)
+                for k in value_names
+            },
         )
 
     @classmethod
@@ -208,8 +211,14 @@ class BinTables:
 
     @classmethod
     def from_arrow(
-        cls, tables: dict[str, pa.Table], *, fine_bins: int, vocab_size: int, positions: int,
-        tail_max: float, sources=None,
+        cls,
+        tables: dict[str, pa.Table],
+        *,
+        fine_bins: int,
+        vocab_size: int,
+        positions: int,
+        tail_max: float,
+        sources=None,
     ) -> BinTables:
         """Tables from Arrow (possibly unsorted, with repeated keys: they are summed)."""
         stride = fine_bins + 1
@@ -219,9 +228,13 @@ class BinTables:
 
         cb = tables["class_bins"]
         class_bins = SparseBins.from_parts(
-            col(cb, "class_id", np.int64), col(cb, "bin", np.int64),
-            {"n": col(cb, "n", np.int64), "p_sum": col(cb, "p_sum", np.float64),
-             "hits": col(cb, "hits", np.int64)},
+            col(cb, "class_id", np.int64),
+            col(cb, "bin", np.int64),
+            {
+                "n": col(cb, "n", np.int64),
+                "p_sum": col(cb, "p_sum", np.float64),
+                "hits": col(cb, "hits", np.int64),
+            },
             stride,
         )
         t1 = tables["top1_bins"]
@@ -236,13 +249,15 @@ class BinTables:
         cid = col(tok, "class_id", np.int64)
         sb = tables["seq_bins"]
         seq_bins = SparseBins.from_parts(
-            col(sb, "seq_id", np.int64), col(sb, "bin", np.int64),
-            {k: col(sb, k, np.float64 if k in ("p_sum", "conf_sum") else np.int64)
-             for k in SEQ_BIN_VALUES},
+            col(sb, "seq_id", np.int64),
+            col(sb, "bin", np.int64),
+            {
+                k: col(sb, k, np.float64 if k in ("p_sum", "conf_sum") else np.int64)
+                for k in SEQ_BIN_VALUES
+            },
             stride,
         )
-        for name, bins in (("class_bins", class_bins.bins),
-                           ("seq_bins", seq_bins.bins)):
+        for name, bins in (("class_bins", class_bins.bins), ("seq_bins", seq_bins.bins)):
             if bins.size and (bins.min() < 1 or bins.max() > fine_bins):
                 raise ValueError(f"{name}: bin outside 1..{fine_bins}")
         if class_bins.ids.size and (class_bins.ids.min() < 0 or class_bins.ids.max() >= vocab_size):

@@ -107,8 +107,15 @@ def test_m_exact():
 
 def test_paper_figure1_toy():
     probs = np.array(
-        [[0.6, 0.2, 0.1, 0.1], [0.1, 0.7, 0.1, 0.1], [0.3, 0.3, 0.3, 0.1],
-         [0.05, 0.05, 0.1, 0.8], [0.25, 0.25, 0.25, 0.25]], np.float32)
+        [
+            [0.6, 0.2, 0.1, 0.1],
+            [0.1, 0.7, 0.1, 0.1],
+            [0.3, 0.3, 0.3, 0.1],
+            [0.05, 0.05, 0.1, 0.8],
+            [0.25, 0.25, 0.25, 0.25],
+        ],
+        np.float32,
+    )
     labels = np.array([0, 2, 1, 3, 3])
     for M in (1, 2, 3, 5, 10, 20):
         assert_matches_reference(probs, labels, M)
@@ -116,9 +123,16 @@ def test_paper_figure1_toy():
 
 def test_values_on_bin_edges():
     probs = np.array(
-        [[0.5, 0.25, 0.25, 0.0], [1.0, 0.0, 0.0, 0.0], [f32(0.3), f32(0.7), 0.0, 0.0],
-         [0.25, 0.25, 0.25, 0.25], [0.0, 0.5, 0.5, 0.0], [f32(0.7), 0.0, f32(0.3), 0.0]],
-        np.float32)
+        [
+            [0.5, 0.25, 0.25, 0.0],
+            [1.0, 0.0, 0.0, 0.0],
+            [f32(0.3), f32(0.7), 0.0, 0.0],
+            [0.25, 0.25, 0.25, 0.25],
+            [0.0, 0.5, 0.5, 0.0],
+            [f32(0.7), 0.0, f32(0.3), 0.0],
+        ],
+        np.float32,
+    )
     labels = np.array([1, 0, 1, 3, 2, 2])
     for M in (*PAPER_BINS, 1, 2, 3, 4, 1000):
         assert_matches_reference(probs, labels, M)
@@ -134,7 +148,12 @@ def test_one_hot_and_uniform_rows():
         assert_matches_reference(probs, labels, M)
     # perfectly calibrated one-hot predictions
     assert calibration_errors(one_hot, np.arange(K), 10) == {
-        "M": 10, "ece": 0.0, "cw_ece": 0.0, "full_ece": 0.0, "exact": True}
+        "M": 10,
+        "ece": 0.0,
+        "cw_ece": 0.0,
+        "full_ece": 0.0,
+        "exact": True,
+    }
 
 
 def test_never_seen_classes_count_in_cw_ece():
@@ -162,8 +181,9 @@ def prob_matrices(draw):
     n = draw(st.integers(1, 25))
     k = draw(st.integers(1, 9))
     # integer weights over a small denominator produce many exact bin edges
-    weights = draw(st.lists(st.lists(st.integers(0, 20), min_size=k, max_size=k),
-                            min_size=n, max_size=n))
+    weights = draw(
+        st.lists(st.lists(st.integers(0, 20), min_size=k, max_size=k), min_size=n, max_size=n)
+    )
     w = np.array(weights, dtype=np.float64)
     w[w.sum(axis=1) == 0, 0] = 1.0
     probs = (w / w.sum(axis=1, keepdims=True)).astype(np.float32)
@@ -212,7 +232,8 @@ def test_torch_tensors_match_numpy():
     labels = rng.integers(0, 17, 80)
     for fn in (ece, classwise_ece, full_ece):
         assert fn(torch.from_numpy(probs), torch.from_numpy(labels), 10) == pytest.approx(
-            fn(probs, labels, 10), abs=TOL)
+            fn(probs, labels, 10), abs=TOL
+        )
     logits = torch.from_numpy(rng.normal(size=(30, 17)).astype(np.float32))
     lab = torch.from_numpy(rng.integers(0, 17, 30))
     a = CalibrationAccumulator(17)
@@ -244,16 +265,29 @@ def split_kept_tail(probs, labels, k, tau):
     tail = np.where(keep, 0.0, probs.astype(np.float64))
     tail_max = np.where(keep, 0.0, probs).max(axis=1).astype(np.float32)
     return dict(
-        kept_ids=flat_ids, kept_probs=flat_p, row_offsets=offsets,
-        tail_count=(~keep).sum(axis=1), tail_mass=tail.sum(axis=1), tail_max=tail_max,
-        class_tail_count=(~keep).sum(axis=0), class_tail_mass=tail.sum(axis=0))
+        kept_ids=flat_ids,
+        kept_probs=flat_p,
+        row_offsets=offsets,
+        tail_count=(~keep).sum(axis=1),
+        tail_mass=tail.sum(axis=1),
+        tail_max=tail_max,
+        class_tail_count=(~keep).sum(axis=0),
+        class_tail_mass=tail.sum(axis=0),
+    )
 
 
 def kept_tables(probs, labels, kt, fine_bins=1000, seq_ids=None):
     acc = CalibrationAccumulator(probs.shape[1], fine_bins=fine_bins)
-    acc.update_kept(kt["kept_ids"], kt["kept_probs"], labels, kt["tail_count"],
-                    kt["tail_mass"], kt["tail_max"], row_offsets=kt["row_offsets"],
-                    seq_ids=seq_ids)
+    acc.update_kept(
+        kt["kept_ids"],
+        kt["kept_probs"],
+        labels,
+        kt["tail_count"],
+        kt["tail_mass"],
+        kt["tail_max"],
+        row_offsets=kt["row_offsets"],
+        seq_ids=seq_ids,
+    )
     acc.add_class_tail(kt["class_tail_count"], kt["class_tail_mass"])
     return acc.compute()
 
@@ -279,8 +313,12 @@ def test_kept_plus_tail_equals_dense_when_tail_is_in_bin1():
     # the tables themselves agree with the dense path
     a, b = tables.to_arrow(), dense_tables.to_arrow()
     assert a["class_bins"].column("n").equals(b["class_bins"].column("n"))
-    assert np.allclose(a["class_bins"].column("p_sum").to_numpy(),
-                       b["class_bins"].column("p_sum").to_numpy(), rtol=0, atol=TOL)
+    assert np.allclose(
+        a["class_bins"].column("p_sum").to_numpy(),
+        b["class_bins"].column("p_sum").to_numpy(),
+        rtol=0,
+        atol=TOL,
+    )
     assert np.allclose(tables.p_mass, dense_tables.p_mass, rtol=0, atol=TOL)
 
 
@@ -335,7 +373,7 @@ def test_any_chunking_merges_to_identical_tables(seed, sizes):
     n, K = sum(sizes), 23
     probs = softmax32(rng.normal(scale=3, size=(n, K)))
     labels = rng.integers(0, K, n)
-    seqs = np.repeat(np.arange(n), 1)[: n] // 7
+    seqs = np.repeat(np.arange(n), 1)[:n] // 7
     whole = CalibrationAccumulator(K)
     whole.update(probs, labels, seq_ids=seqs)
     merged_acc = None
@@ -353,9 +391,10 @@ def test_any_chunking_merges_to_identical_tables(seed, sizes):
     _assert_tables_equal(whole.compute(), merged_acc.compute())
     # kept + tail path, chunked the same way
     kt = split_kept_tail(probs, labels, k=4, tau=1e-3)
-    _assert_tables_equal(kept_tables(probs, labels, kt, seq_ids=seqs),
-                         kept_tables(probs, labels, kt, seq_ids=seqs).merge(
-                             CalibrationAccumulator(K).compute()))
+    _assert_tables_equal(
+        kept_tables(probs, labels, kt, seq_ids=seqs),
+        kept_tables(probs, labels, kt, seq_ids=seqs).merge(CalibrationAccumulator(K).compute()),
+    )
 
 
 def test_seq_bins_pool_to_the_class_tables():
@@ -370,12 +409,15 @@ def test_seq_bins_pool_to_the_class_tables():
         by_bin_seq = np.bincount(sb.bins, weights=sb.values[key], minlength=1001)
         by_bin_cls = np.bincount(cb.bins, weights=cb.values[key], minlength=1001)
         assert np.array_equal(by_bin_seq, by_bin_cls)
-    assert np.allclose(np.bincount(sb.bins, weights=sb.values["p_sum"], minlength=1001),
-                       np.bincount(cb.bins, weights=cb.values["p_sum"], minlength=1001),
-                       atol=1e-12)
+    assert np.allclose(
+        np.bincount(sb.bins, weights=sb.values["p_sum"], minlength=1001),
+        np.bincount(cb.bins, weights=cb.values["p_sum"], minlength=1001),
+        atol=1e-12,
+    )
     assert sb.values["top1_n"].sum() == 120
-    assert np.array_equal(np.bincount(sb.bins, weights=sb.values["correct"], minlength=1001)[1:],
-                          t.top1_correct)
+    assert np.array_equal(
+        np.bincount(sb.bins, weights=sb.values["correct"], minlength=1001)[1:], t.top1_correct
+    )
 
 
 # ---- other outputs ---------------------------------------------------------------
@@ -440,16 +482,18 @@ def test_bad_n_bins():
 def test_bad_kept_input_is_named():
     acc = CalibrationAccumulator(5)
     with pytest.raises(InputError, match="label 3 is not among the kept ids"):
-        acc.update_kept(np.array([[0, 1]]), np.array([[0.6, 0.3]], np.float32), [3],
-                        [3], [0.1], [0.05])
+        acc.update_kept(
+            np.array([[0, 1]]), np.array([[0.6, 0.3]], np.float32), [3], [3], [0.1], [0.05]
+        )
     with pytest.raises(InputError, match="kept \\+ 2 tail entries != K = 5"):
-        acc.update_kept(np.array([[0, 1]]), np.array([[0.6, 0.3]], np.float32), [1],
-                        [2], [0.1], [0.05])
+        acc.update_kept(
+            np.array([[0, 1]]), np.array([[0.6, 0.3]], np.float32), [1], [2], [0.1], [0.05]
+        )
     with pytest.raises(InputError, match="appears twice"):
-        acc.update_kept(np.array([[1, 1]]), np.array([[0.6, 0.3]], np.float32), [1],
-                        [3], [0.1], [0.05])
-    acc.update_kept(np.array([[0, 1]]), np.array([[0.6, 0.3]], np.float32), [1],
-                    [3], [0.1], [0.05])
+        acc.update_kept(
+            np.array([[1, 1]]), np.array([[0.6, 0.3]], np.float32), [1], [3], [0.1], [0.05]
+        )
+    acc.update_kept(np.array([[0, 1]]), np.array([[0.6, 0.3]], np.float32), [1], [3], [0.1], [0.05])
     with pytest.raises(InputError, match="class tail vectors"):
         acc.compute()
 

@@ -25,7 +25,10 @@ BLOCK_TORCH = textwrap.dedent(
 def run_without_torch(code: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", BLOCK_TORCH + textwrap.dedent(code), *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
