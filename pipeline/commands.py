@@ -276,7 +276,11 @@ def trend(rows: list[dict]) -> dict:
             "first": first,
             "last": last,
             "change": last - first,
-            "relative_change": (last - first) / first if first else None,
+            # a base at float-rounding level (Full-ECE of a near-uniform model
+            # is 0 by construction) makes a relative change meaningless
+            "relative_change": (last - first) / first
+            if abs(first) > 1e-6 * max(abs(v) for v in vals)
+            else None,
             "steps": steps,
             "direction": direction,
             "spearman": _spearman(vals),

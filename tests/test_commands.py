@@ -159,3 +159,16 @@ def test_compare_trend(tmp_path):
 def test_metrics_errors(tmp_path):
     res = CliRunner().invoke(metrics, [str(tmp_path / "nope")])
     assert res.exit_code != 0 and "nope" in res.output
+
+
+def test_trend_has_no_relative_change_from_a_rounding_level_base():
+    from pipeline.commands import trend
+
+    rows = [
+        {"ece": 0.04, "cw_ece": 3e-4, "full_ece": 2.9e-9},
+        {"ece": 0.03, "cw_ece": 1e-4, "full_ece": 0.06},
+        {"ece": 0.02, "cw_ece": 8e-5, "full_ece": 0.07},
+    ]
+    t = trend(rows)
+    assert t["full_ece"]["relative_change"] is None
+    assert t["ece"]["relative_change"] == pytest.approx(-0.5)
