@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import DEFAULT_FINE_BINS, __version__, atomic
+from pipeline import DEFAULT_FINE_BINS, __version__, atomic, tablestore
 from pipeline.manifest import RunError, load_manifest
 from pipeline.schema import (
     CLASS_BINS,
@@ -56,14 +56,14 @@ from pipeline.schema import (
     check_version,
 )
 
-TABLE_NAMES = ("class_bins", "top1_bins", "tokens", "seq_bins")
+TABLE_NAMES = tablestore.TABLE_NAMES
 TABLE_SCHEMAS = {
     "class_bins": CLASS_BINS,
     "top1_bins": TOP1_BINS,
     "tokens": TOKENS,
     "seq_bins": SEQ_BINS,
 }
-META_NAME = "meta.json"
+META_NAME = tablestore.META_NAME
 PART_META = "part.json"
 TABLES_DIR = "tables"
 PARTS_DIR = "parts"
@@ -735,46 +735,25 @@ def tables_dir_of(path) -> Path:
     return path
 
 
+def _as_aggregate_error(err: ValueError) -> ValueError:
+    if isinstance(err, SchemaVersionError):
+        return err
+    return AggregateError(str(err))
+
+
 def read_tables_meta(path) -> dict:
-    directory = tables_dir_of(path)
-    meta_path = directory / META_NAME
-    if not meta_path.exists():
-        raise AggregateError(f"{meta_path}: no bin tables here (run `fullece aggregate` first)")
     try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as err:
-        raise AggregateError(f"{meta_path}: not valid JSON ({err})") from err
-    check_version(meta.get("schema_version"), str(meta_path))
-    return meta
+        return tablestore.read_meta(tables_dir_of(path))
+    except ValueError as err:
+        raise _as_aggregate_error(err) from err
 
 
 def load_run_tables(run_dir_or_tables_dir):
     """Read bin tables (checking schema versions) into a ``BinTables``."""
-    from pipeline.tables import BinTables
-
-    directory = tables_dir_of(run_dir_or_tables_dir)
-    meta = read_tables_meta(directory)
-    arrow = {}
-    for name in TABLE_NAMES:
-        path = directory / f"{name}.parquet"
-        if not path.exists():
-            raise AggregateError(f"{path}: missing bin table (re-run `fullece aggregate`)")
-        table = pq.read_table(str(path))
-        try:
-            check_table_schema(table.schema, name, str(path))
-        except SchemaVersionError:
-            raise
-        except ValueError as err:
-            raise AggregateError(str(err)) from err
-        arrow[name] = table
-    return BinTables.from_arrow(
-        arrow,
-        fine_bins=meta["fine_bins"],
-        vocab_size=meta["vocab_size"],
-        positions=meta["positions"],
-        tail_max=meta["tail_max"],
-        sources=meta.get("sources"),
-    )
+    try:
+        return tablestore.load_tables(tables_dir_of(run_dir_or_tables_dir))
+    except ValueError as err:
+        raise _as_aggregate_error(err) from err
 
 
 def tables_status(run_dirs, tables_dir=None, fine_bins: int = DEFAULT_FINE_BINS) -> str | None:

@@ -26,7 +26,7 @@ def atomic_path(path: str | os.PathLike):
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         os.replace(target, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -43,7 +43,7 @@ def write_json(path, obj) -> None:
     write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:

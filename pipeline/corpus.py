@@ -37,6 +37,7 @@ from pathlib import Path
 import click
 
 from pipeline.atomic import write_bytes, write_json
+from pipeline.manifest import file_sha256
 
 BUILDER_VERSION = 1
 CORPUS_JSON = "corpus.json"
@@ -288,17 +289,9 @@ def corpus_is_current(out_dir) -> dict | None:
     for split in ("train", "test"):
         entry = info.get("files", {}).get(split, {})
         f = out_dir / entry.get("path", f"{split}.txt")
-        if not f.exists() or sha256_file(f) != entry.get("sha256"):
+        if not f.exists() or file_sha256(f) != entry.get("sha256"):
             return None
     return info
-
-
-def sha256_file(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_corpus(out_dir, train: list[str], test: list[str], info: dict) -> dict:

@@ -41,11 +41,18 @@ def save_tables(tables: BinTables, directory, extra_meta: dict | None = None) ->
     return directory
 
 
+class TablesError(ValueError):
+    """Bin tables that are missing, damaged or of another layout."""
+
+
 def read_meta(directory) -> dict:
     path = Path(directory) / META_NAME
     if not path.exists():
-        raise FileNotFoundError(f"{directory}: no bin tables here (missing {META_NAME})")
-    meta = json.loads(path.read_text())
+        raise TablesError(f"{path}: no bin tables here (run `fullece aggregate` first)")
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise TablesError(f"{path}: not valid JSON ({err})") from err
     check_version(meta.get("schema_version"), str(path))
     return meta
 
@@ -57,7 +64,7 @@ def load_tables(directory) -> BinTables:
     for name in TABLE_NAMES:
         path = directory / f"{name}.parquet"
         if not path.exists():
-            raise FileNotFoundError(f"{path}: missing bin table")
+            raise TablesError(f"{path}: missing bin table (re-run `fullece aggregate`)")
         table = pq.read_table(path)
         check_table_schema(table.schema, name, str(path))
         arrow[name] = table

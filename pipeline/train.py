@@ -22,7 +22,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -35,6 +34,7 @@ import click
 import numpy as np
 
 from pipeline.atomic import atomic_path, write_json
+from pipeline.manifest import file_sha256
 
 EOT = "<|endoftext|>"
 PLAN_FILE = "training.json"
@@ -98,14 +98,6 @@ def read_texts(path, text_field: str = "text") -> list[str]:
     if not docs:
         raise TrainingError(f"{path}: no documents")
     return docs
-
-
-def sha256_file(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -212,7 +204,7 @@ def _plan(corpus_path: Path, settings: dict, steps: int, ckpts: list[int], text_
     return {
         "corpus": {
             "path": str(corpus_path),
-            "sha256": sha256_file(corpus_path),
+            "sha256": file_sha256(corpus_path),
             "text_field": text_field,
         },
         "settings": settings,

@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline import __version__
+from pipeline.atomic import fsync_dir
 from pipeline.extract.corpus import check_corpus, count_documents, detect_format, iter_documents
 from pipeline.extract.errors import ExtractError, NonFiniteLogitsError
 from pipeline.extract.windows import plan_windows
@@ -301,7 +302,7 @@ class ShardSink:
             if final.is_dir():
                 shutil.rmtree(final)
             os.replace(tmp_path, final)
-        _fsync_dir(self.run_dir / SHARDS_DIR)
+        fsync_dir(self.run_dir / SHARDS_DIR)
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp = None
         self.manifest["shards"].append(entry)
@@ -317,19 +318,6 @@ class ShardSink:
             pass
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------------ run directory
