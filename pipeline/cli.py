@@ -24,6 +24,30 @@ _COMMANDS = {
 }
 
 
+EXTRACT_EXTRA = ("torch", "transformers", "tokenizers")
+
+
+def require_extract_extra(command: str) -> None:
+    """Fail with an install hint when the `extract` extra is missing."""
+    import importlib.util
+
+    missing = []
+    for name in EXTRACT_EXTRA:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    if missing:
+        raise click.ClickException(
+            f"`fullece {command}` needs {', '.join(EXTRACT_EXTRA)} (missing: {', '.join(missing)}). "
+            "Install them with `pip install 'fullece[extract]'` (or `make install`); "
+            "the analysis commands (aggregate, metrics, compare, sql, report, validate) "
+            "work without them."
+        )
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
         return sorted(_COMMANDS)

@@ -687,6 +687,9 @@ def extract_command(
     Each stage is skipped when its output is there, so an interrupted run
     resumes where it stopped.
     """
+    from pipeline.cli import require_extract_extra
+
+    require_extract_extra("default extract")
     options = {
         key: value
         for key, value in dict(

@@ -604,6 +604,9 @@ def train(
     with AutoModelForCausalLM and usable with `fullece extract --model`.
     Deterministic for a seed; resumes when interrupted, skips when done.
     """
+    from pipeline.cli import require_extract_extra
+
+    require_extract_extra("train")
     if width % heads:
         raise click.BadParameter(f"width {width} is not a multiple of heads {heads}")
     paths = train_model(

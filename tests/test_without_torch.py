@@ -61,8 +61,6 @@ def test_cli_help_and_every_analysis_command_load_without_torch():
         out = runner.invoke(main, ["--help"])
         assert out.exit_code == 0, out.output
         for name in main.list_commands(None):
-            if name in ("extract", "train", "default"):
-                continue  # these need torch when run, but must still load
             result = runner.invoke(main, [name, "--help"])
             assert result.exit_code == 0, (name, result.output, result.exception)
         assert "torch" not in sys.modules, "an analysis module imported torch"
@@ -71,3 +69,23 @@ def test_cli_help_and_every_analysis_command_load_without_torch():
     )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert proc.stdout.strip().endswith("ok")
+
+
+def test_extraction_without_torch_says_what_to_install(tmp_path):
+    (tmp_path / "c.txt").write_text("some text\n")
+    proc = run_without_torch(
+        """
+        from click.testing import CliRunner
+        from pipeline.cli import main
+        d = sys.argv[1]
+        for args in (["extract", "--model", d, "--corpus", d + "/c.txt", "--out", d + "/r"],
+                     ["train", "--corpus", d + "/c.txt", "--out", d + "/m"]):
+            result = CliRunner().invoke(main, args)
+            assert result.exit_code == 1, (args, result.output, result.exception)
+            assert "pip install 'fullece[extract]'" in result.output, result.output
+            assert "missing: torch, transformers, tokenizers" in result.output, result.output
+        print("ok")
+        """,
+        str(tmp_path),
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout

@@ -114,8 +114,11 @@ def extract(
     Example:
       fullece extract --model models/ckpt --corpus test.txt --out runs/ckpt
     """
+    from pipeline.cli import require_extract_extra
     from pipeline.extract.errors import ExtractError
     from pipeline.manifest import RunError
+
+    require_extract_extra("extract")
     from pipeline.schema import SchemaVersionError
 
     try:
