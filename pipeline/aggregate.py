@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import DEFAULT_FINE_BINS, __version__, atomic, tablestore
+from pipeline import DEFAULT_FINE_BINS, atomic, tablestore
 from pipeline.manifest import RunError, load_manifest
 from pipeline.schema import (
     CLASS_BINS,
@@ -636,21 +636,14 @@ def _reduce(
     )
     con.close()
 
-    from pipeline.binning import m_exact_from_tail_max
-
-    positions = sum(int(m["positions"]) for _, _, _, m in parts)
-    tail_max = max((float(m["tail_max"]) for _, _, _, m in parts), default=0.0)
-    meta = {
-        "schema_version": SCHEMA_VERSION,
-        "tool": {"name": "fullece", "version": __version__},
-        "fine_bins": fine_bins,
-        "vocab_size": k,
-        "positions": positions,
-        "tail_max": tail_max,
-        "m_exact": m_exact_from_tail_max(tail_max),
-        "sources": [f"{run.label}:{shard.entry.get('positions')}" for run, shard, _, _ in parts],
-        "runs": [_run_record(run, fine_bins) for run in runs],
-    }
+    meta = tablestore.tables_meta(
+        fine_bins=fine_bins,
+        vocab_size=k,
+        positions=sum(int(m["positions"]) for _, _, _, m in parts),
+        tail_max=max((float(m["tail_max"]) for _, _, _, m in parts), default=0.0),
+        sources=[f"{run.label}:{shard.entry.get('positions')}" for run, shard, _, _ in parts],
+    )
+    meta["runs"] = [_run_record(run, fine_bins) for run in runs]
     atomic.write_json(out / META_NAME, meta)  # last: marks the tables complete
     return meta
 

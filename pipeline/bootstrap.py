@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.binning import coarsen_bins
+from pipeline.metrics import ece_formula, full_ece_formula
 
 _CELLS = 4_000_000  # floats per temporary block
 
@@ -63,8 +64,8 @@ def bootstrap(tables, bins, replicates: int = 1000, *, seed: int = 0, level: flo
         sequences = s
         xf = x.reshape(s, 4 * m)
         tot = x.sum(axis=0)
-        point_ece = float(np.abs(tot[0] - tot[1]).sum() / npos.sum())
-        point_full = float(np.abs(tot[2] - tot[3]).sum() / npos.sum())
+        point_ece = float(ece_formula(tot[0], tot[1], npos.sum()))
+        point_full = float(full_ece_formula(tot[2], tot[3], npos.sum()))
         ece = np.empty(replicates)
         full = np.empty(replicates)
         block = max(1, min(replicates, _CELLS // s))
@@ -79,8 +80,8 @@ def bootstrap(tables, bins, replicates: int = 1000, *, seed: int = 0, level: flo
             )
             sums = (w @ xf).reshape(nb, 4, m)
             n_b = w @ npos
-            ece[b0:b1] = np.abs(sums[:, 0] - sums[:, 1]).sum(axis=1) / n_b
-            full[b0:b1] = np.abs(sums[:, 2] - sums[:, 3]).sum(axis=1) / n_b
+            ece[b0:b1] = ece_formula(sums[:, 0], sums[:, 1], n_b)
+            full[b0:b1] = full_ece_formula(sums[:, 2], sums[:, 3], n_b)
         row = {"M": int(m)}
         for name, point, reps in (("ece", point_ece, ece), ("full_ece", point_full, full)):
             dev = reps - reps.mean()

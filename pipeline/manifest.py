@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.binning import m_exact_from_tail_max
 from pipeline.schema import check_version
 
 MANIFEST_NAME = "manifest.json"
@@ -109,28 +110,6 @@ def path_sha256(path) -> str:
     for line in sorted(lines):
         h.update(line.encode())
     return h.hexdigest()
-
-
-def m_exact_from_tail_max(tail_max) -> int | None:
-    """Largest integer M with float64(tail_max) * M <= 1; None when tail_max == 0.
-
-    Defers to pipeline.binning (the one owner of the binning rule) when present.
-    """
-    try:
-        from pipeline.binning import m_exact_from_tail_max as core
-    except ImportError:
-        core = None
-    if core is not None:
-        return core(tail_max)
-    t = float(tail_max)
-    if t <= 0.0:
-        return None
-    m = int(1.0 / t)
-    while m > 0 and m * t > 1.0:
-        m -= 1
-    while (m + 1) * t <= 1.0:
-        m += 1
-    return m
 
 
 def summarize_shards(manifest: dict) -> None:

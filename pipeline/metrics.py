@@ -22,10 +22,12 @@ FREQUENCY_BUCKETS = (("0", 0, 0), ("1-10", 1, 10), ("11-100", 11, 100), (">100",
 
 
 # ---- the formulas ------------------------------------------------------------
+# Bins are the last axis; leading axes (bootstrap replicates, say) broadcast
+# with `positions`.
 
 
-def ece_formula(correct_by_bin, conf_sum_by_bin, positions: int) -> float:
-    return float(np.abs(np.asarray(correct_by_bin) - conf_sum_by_bin).sum() / positions)
+def ece_formula(correct_by_bin, conf_sum_by_bin, positions):
+    return np.abs(np.asarray(correct_by_bin) - conf_sum_by_bin).sum(axis=-1) / positions
 
 
 def classwise_ece_formula(hits, p_sum, positions: int, vocab_size: int) -> float:
@@ -33,8 +35,8 @@ def classwise_ece_formula(hits, p_sum, positions: int, vocab_size: int) -> float
     return float(np.abs(np.asarray(hits) - p_sum).sum() / (positions * vocab_size))
 
 
-def full_ece_formula(hits_by_bin, p_sum_by_bin, positions: int) -> float:
-    return float(np.abs(np.asarray(hits_by_bin) - p_sum_by_bin).sum() / positions)
+def full_ece_formula(hits_by_bin, p_sum_by_bin, positions):
+    return np.abs(np.asarray(hits_by_bin) - p_sum_by_bin).sum(axis=-1) / positions
 
 
 def rsd(values) -> float:
@@ -86,11 +88,11 @@ def metrics_at(tables: BinTables, n_bins: int) -> dict:
     per_class = tables.class_bins.coarsen(tables.fine_bins, n_bins)
     return {
         "M": n_bins,
-        "ece": ece_formula(correct, conf, tables.positions),
+        "ece": float(ece_formula(correct, conf, tables.positions)),
         "cw_ece": classwise_ece_formula(
             per_class.values["hits"], per_class.values["p_sum"], tables.positions, tables.vocab_size
         ),
-        "full_ece": full_ece_formula(hits, p_sum, tables.positions),
+        "full_ece": float(full_ece_formula(hits, p_sum, tables.positions)),
         "exact": is_exact(n_bins, tables.m_exact),
     }
 

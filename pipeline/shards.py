@@ -238,6 +238,28 @@ def kept_arrays(batch) -> dict[str, np.ndarray]:
     return out
 
 
+def accumulate_kept(acc, run_dir, manifest: dict | None = None) -> None:
+    """Fold every shard's kept entries and per-class tails into a
+    ``CalibrationAccumulator``: the in-memory counterpart of ``fullece aggregate``."""
+    manifest = _manifest(run_dir, manifest)
+    for _shard, batch in iter_positions(run_dir, manifest):
+        a = kept_arrays(batch)
+        acc.update_kept(
+            a["kept_ids"],
+            a["kept_probs"],
+            a["label"],
+            a["tail_count"],
+            a["tail_mass"],
+            a["tail_max"],
+            row_offsets=a["row_offsets"],
+            top1_ids=a["top1_id"],
+            top1_probs=a["top1_prob"],
+            seq_ids=a["doc_id"],
+        )
+    for shard in manifest["shards"]:
+        acc.add_class_tail(*read_class_tail(run_dir, shard, manifest["vocab_size"]))
+
+
 def read_class_tail(run_dir, shard: dict, vocab_size: int | None = None):
     """(tail_count int64[K], tail_mass float64[K]) of a shard, indexed by class id."""
     path = _shard_path(run_dir, shard, "class_tail")

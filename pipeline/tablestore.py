@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from pipeline import __version__, atomic
+from pipeline.binning import m_exact_from_tail_max
 from pipeline.schema import SCHEMA_VERSION, check_table_schema, check_version
 from pipeline.tables import BinTables
 
@@ -26,19 +27,30 @@ def save_tables(tables: BinTables, directory, extra_meta: dict | None = None) ->
     for name, table in tables.to_arrow().items():
         with atomic.atomic_path(directory / f"{name}.parquet") as tmp:
             pq.write_table(table, tmp, compression="zstd")
-    meta = {
-        "schema_version": SCHEMA_VERSION,
-        "tool": {"name": "fullece", "version": __version__},
-        "fine_bins": tables.fine_bins,
-        "vocab_size": tables.vocab_size,
-        "positions": tables.positions,
-        "tail_max": tables.tail_max,
-        "m_exact": tables.m_exact,
-        "sources": tables.sources,
-    }
+    meta = tables_meta(
+        fine_bins=tables.fine_bins,
+        vocab_size=tables.vocab_size,
+        positions=tables.positions,
+        tail_max=tables.tail_max,
+        sources=tables.sources,
+    )
     meta.update(extra_meta or {})
     atomic.write_json(directory / META_NAME, meta)  # last: marks the tables complete
     return directory
+
+
+def tables_meta(*, fine_bins, vocab_size, positions, tail_max, sources) -> dict:
+    """The scalars of meta.json that no table column can carry."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "fullece", "version": __version__},
+        "fine_bins": int(fine_bins),
+        "vocab_size": int(vocab_size),
+        "positions": int(positions),
+        "tail_max": float(tail_max),
+        "m_exact": m_exact_from_tail_max(tail_max),
+        "sources": list(sources),
+    }
 
 
 class TablesError(ValueError):

@@ -23,7 +23,7 @@ from pipeline.aggregate import (
 )
 from pipeline.metrics import metrics_at
 from pipeline.schema import SchemaVersionError
-from pipeline.shards import kept_arrays, read_class_tail
+from pipeline.shards import accumulate_kept
 from tests.helpers.analysis_runs import dense_case, dense_reference, write_run
 
 SUM_TOL = 1e-12
@@ -32,24 +32,8 @@ SUM_TOL = 1e-12
 def core_tables(run_dir, manifest, case, store):
     """The metric core's in-memory tables for the same shards."""
     acc = CalibrationAccumulator(vocab_size=manifest["vocab_size"])
-    for shard in manifest["shards"]:
-        pos = pq.read_table(run_dir / shard["positions"])
-        if store == "topk":
-            a = kept_arrays(pos.combine_chunks().to_batches()[0])
-            acc.update_kept(
-                a["kept_ids"],
-                a["kept_probs"],
-                a["label"],
-                a["tail_count"],
-                a["tail_mass"],
-                a["tail_max"],
-                row_offsets=a["row_offsets"],
-                top1_ids=a["top1_id"],
-                top1_probs=a["top1_prob"],
-                seq_ids=a["doc_id"],
-            )
-            count, mass = read_class_tail(run_dir, shard, manifest["vocab_size"])
-            acc.add_class_tail(count, mass)
+    if store == "topk":
+        accumulate_kept(acc, run_dir, manifest)
     if store == "full":
         acc.update_logits(case.logits, case.labels, case.doc_ids, logsumexp=case.lse)
     return acc.compute()

@@ -132,25 +132,10 @@ def test_strided_long_document(models, tmp_path):
 def _core_metrics_from_run(run_dir, manifest):
     acc_mod = pytest.importorskip("pipeline.accumulator")
     from pipeline.metrics import compute_metrics
-    from pipeline.shards import iter_positions, kept_arrays, read_class_tail
+    from pipeline.shards import accumulate_kept
 
     acc = acc_mod.CalibrationAccumulator(vocab_size=manifest["vocab_size"], fine_bins=1000)
-    for _shard, batch in iter_positions(run_dir, manifest):
-        a = kept_arrays(batch)
-        acc.update_kept(
-            a["kept_ids"],
-            a["kept_probs"],
-            a["label"],
-            a["tail_count"],
-            a["tail_mass"],
-            a["tail_max"],
-            row_offsets=a["row_offsets"],
-            top1_ids=a["top1_id"],
-            top1_probs=a["top1_prob"],
-            seq_ids=a["doc_id"],
-        )
-    for shard in manifest["shards"]:
-        acc.add_class_tail(*read_class_tail(run_dir, shard, manifest["vocab_size"]))
+    accumulate_kept(acc, run_dir, manifest)
     return {b["M"]: b for b in compute_metrics(acc.compute())["bins"]}
 
 
