@@ -30,8 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.manifest import path_sha256
-from pipeline.schema import CLASS_TAIL, POSITIONS
+from pipeline.store.manifest import path_sha256
+from pipeline.store.schema import CLASS_TAIL, POSITIONS
 
 SHARD_ROWS = 500_000
 DOC_LEN = 512
@@ -208,7 +208,7 @@ def make_full_run(run_dir: Path, n: int, K: int, dtype=np.float16) -> Path:
 
 
 def _manifest(run_dir, store, K, shards, n, tail_max):
-    from pipeline.binning import m_exact_from_tail_max
+    from pipeline.core.binning import m_exact_from_tail_max
 
     manifest = {
         "schema_version": 1,
@@ -252,7 +252,7 @@ def plain_zarr_pass(run_dir: Path) -> float:
 
     t0 = time.perf_counter()
     arr = zarr.open_group(str(run_dir / "shards" / "logits-00000.zarr"), mode="r")["logits"]
-    from pipeline.aggregate import _logit_block_rows
+    from pipeline.store.run import _logit_block_rows
 
     step = _logit_block_rows(arr)
     total = 0.0

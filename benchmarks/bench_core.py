@@ -43,9 +43,9 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import DEFAULT_FINE_BINS, PAPER_BINS
-from pipeline.accumulator import CalibrationAccumulator
-from pipeline.binning import fine_bin_index
-from pipeline.metrics import classwise_ece, compute_metrics, ece, full_ece
+from pipeline.core.accumulator import CalibrationAccumulator
+from pipeline.core.binning import fine_bin_index
+from pipeline.core.metrics import classwise_ece, compute_metrics, ece, full_ece
 
 ROOT = Path(__file__).resolve().parent.parent
 

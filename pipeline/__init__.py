@@ -1,7 +1,7 @@
 """fullece: token-level calibration (ECE, cw-ECE, Full-ECE) of causal language models.
 
 The analysis half (binning, tables, metrics, aggregation, SQL, reports) needs
-no torch; only ``pipeline.extract`` and ``pipeline.train`` import it, lazily.
+no torch; only ``pipeline.extract`` and ``pipeline.demo.train`` import it, lazily.
 """
 
 __version__ = "0.1.0"

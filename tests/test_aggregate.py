@@ -12,18 +12,18 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from pipeline.accumulator import CalibrationAccumulator
 from pipeline.aggregate import (
     AggregateError,
     aggregate,
-    aggregate_command,
     aggregate_runs,
     load_run_tables,
     tables_status,
 )
-from pipeline.metrics import metrics_at
-from pipeline.schema import SchemaVersionError
-from pipeline.shards import accumulate_kept
+from pipeline.cli.aggregate import aggregate_command
+from pipeline.core.accumulator import CalibrationAccumulator
+from pipeline.core.metrics import metrics_at
+from pipeline.store.schema import SchemaVersionError
+from pipeline.store.shards import accumulate_kept
 from tests.helpers.analysis_runs import dense_case, dense_reference, write_run
 
 SUM_TOL = 1e-12
@@ -95,7 +95,7 @@ def test_incremental_parts(tmp_path, case, monkeypatch):
     assert parts == ["00000", "00001", "00002"]
     assert tables_status([run]) is None
 
-    import pipeline.aggregate as agg
+    import pipeline.aggregate.executor as agg
 
     calls = []
     original = agg._aggregate_topk_shard

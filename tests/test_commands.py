@@ -12,8 +12,9 @@ from click.testing import CliRunner
 
 from pipeline import PAPER_BINS
 from pipeline.aggregate import load_run_tables
-from pipeline.bootstrap import bootstrap
-from pipeline.commands import compare, format_metrics, metrics, metrics_for_run
+from pipeline.analysis.metrics import format_metrics, metrics_for_run
+from pipeline.cli.metrics import compare, metrics
+from pipeline.core.bootstrap import bootstrap
 from tests.helpers.analysis_runs import dense_case, dense_reference, validate_json, write_run
 
 SCHEMA = json.loads(
@@ -162,7 +163,7 @@ def test_metrics_errors(tmp_path):
 
 
 def test_trend_has_no_relative_change_from_a_rounding_level_base():
-    from pipeline.commands import trend
+    from pipeline.analysis.compare import trend
 
     rows = [
         {"ece": 0.04, "cw_ece": 3e-4, "full_ece": 2.9e-9},

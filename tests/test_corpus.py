@@ -9,7 +9,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from pipeline.corpus import (
+from pipeline.demo.corpus import (
     build_default_corpus,
     clean_paragraph,
     corpus_is_current,

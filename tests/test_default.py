@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline import PAPER_BINS
-from pipeline.default import findings, format_default
+from pipeline.demo.default import findings, format_default
 from tests.helpers.default_tiny import TINY_TRAIN, write_tiny_corpus
 
 

@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 
 from pipeline.extract import ExtractError, run_extraction  # noqa: E402
 from pipeline.extract.windows import plan_windows  # noqa: E402
-from pipeline.manifest import load_manifest, path_sha256  # noqa: E402
+from pipeline.store.manifest import load_manifest, path_sha256  # noqa: E402
 from tests.helpers.extract_models import (  # noqa: E402
     build_gpt2,
     build_llama,
@@ -130,9 +130,9 @@ def test_strided_long_document(models, tmp_path):
 
 
 def _core_metrics_from_run(run_dir, manifest):
-    acc_mod = pytest.importorskip("pipeline.accumulator")
-    from pipeline.metrics import compute_metrics
-    from pipeline.shards import accumulate_kept
+    acc_mod = pytest.importorskip("pipeline.core.accumulator")
+    from pipeline.core.metrics import compute_metrics
+    from pipeline.store.shards import accumulate_kept
 
     acc = acc_mod.CalibrationAccumulator(vocab_size=manifest["vocab_size"], fine_bins=1000)
     accumulate_kept(acc, run_dir, manifest)
@@ -192,7 +192,7 @@ def test_topk_matches_dense_reference(models, corpus, tmp_path, arch, k, tau):
 
 
 def test_full_store_matches_dense_reference(models, corpus, tmp_path):
-    from pipeline.shards import iter_logit_rows, probs_from_logits
+    from pipeline.store.shards import iter_logit_rows, probs_from_logits
 
     model = models["llama"]
     probs, labels, _, lm = dense_reference(model, corpus)
@@ -222,7 +222,7 @@ def test_full_store_matches_dense_reference(models, corpus, tmp_path):
 
 
 def test_full_store_bfloat16_kept_as_float16(tmp_path, corpus):
-    from pipeline.shards import open_logits
+    from pipeline.store.shards import open_logits
 
     model = build_llama(tmp_path / "bf16", scale=0.5, dtype=torch.bfloat16)
     run = tmp_path / "run"
@@ -515,7 +515,7 @@ def test_cli_extract_and_help(models, corpus, tmp_path):
 
 def test_cli_module_imports_no_torch():
     code = (
-        "import sys; import pipeline.extract.command, pipeline.validate, pipeline.shards; "
+        "import sys; import pipeline.cli.extract, pipeline.store.validate, pipeline.store.shards; "
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

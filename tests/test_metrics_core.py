@@ -8,10 +8,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline import PAPER_BINS
-from pipeline.accumulator import CalibrationAccumulator
-from pipeline.binning import bin1_threshold, coarsen_bins, fine_bin_index, m_exact_from_tail_max
-from pipeline.checks import InputError
-from pipeline.metrics import (
+from pipeline.core.accumulator import CalibrationAccumulator
+from pipeline.core.binning import (
+    bin1_threshold,
+    coarsen_bins,
+    fine_bin_index,
+    m_exact_from_tail_max,
+)
+from pipeline.core.checks import InputError
+from pipeline.core.metrics import (
     calibration_errors,
     classwise_ece,
     compute_metrics,

@@ -7,7 +7,8 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from pipeline.report import report, write_report
+from pipeline.analysis.report import write_report
+from pipeline.cli.report import report
 from tests.helpers.analysis_runs import dense_case, write_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -54,8 +55,8 @@ def test_matplotlib_only_inside_report():
     import sys
 
     code = (
-        "import sys, pipeline.aggregate, pipeline.commands, pipeline.sql, pipeline.report, "
-        "pipeline.bootstrap; assert 'matplotlib' not in sys.modules; "
+        "import sys, pipeline.aggregate.executor, pipeline.analysis.metrics, pipeline.analysis.sql, pipeline.analysis.report, "
+        "pipeline.core.bootstrap; assert 'matplotlib' not in sys.modules; "
         "assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -13,8 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.aggregate import load_run_tables
-from pipeline.commands import metrics
-from pipeline.sql import run_query, sql
+from pipeline.analysis.sql import run_query
+from pipeline.cli.metrics import metrics
+from pipeline.cli.sql import sql
 from tests.helpers.analysis_runs import dense_case, dense_doc_full_ece, write_run
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,10 +7,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.accumulator import CalibrationAccumulator
-from pipeline.metrics import compute_metrics
-from pipeline.schema import SchemaVersionError
-from pipeline.tablestore import load_tables, save_tables
+from pipeline.core.accumulator import CalibrationAccumulator
+from pipeline.core.metrics import compute_metrics
+from pipeline.store.schema import SchemaVersionError
+from pipeline.store.tablestore import load_tables, save_tables
 
 
 def _tables():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from pipeline.train import (
+from pipeline.demo.train import (
     PLAN_FILE,
     TrainingError,
     batch_blocks,

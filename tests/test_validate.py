@@ -15,8 +15,8 @@ pytest.importorskip("transformers")
 
 from pipeline.cli import main  # noqa: E402
 from pipeline.extract import run_extraction  # noqa: E402
-from pipeline.schema import SchemaVersionError  # noqa: E402
-from pipeline.validate import find_problems, schema_errors  # noqa: E402
+from pipeline.store.schema import SchemaVersionError  # noqa: E402
+from pipeline.store.validate import find_problems, schema_errors  # noqa: E402
 from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus  # noqa: E402
 
 
@@ -121,8 +121,8 @@ def test_row_count_mismatch(run_copy):
 
 
 def test_readers_refuse_unknown_table_version(run_copy):
-    from pipeline.manifest import load_manifest
-    from pipeline.shards import read_positions
+    from pipeline.store.manifest import load_manifest
+    from pipeline.store.shards import read_positions
 
     run = run_copy()
     manifest = load_manifest(run)

@@ -41,8 +41,8 @@ def test_metric_core_runs_without_torch():
     proc = run_without_torch(
         """
         import numpy as np
-        import pipeline, pipeline.metrics, pipeline.accumulator, pipeline.tablestore
-        from pipeline.metrics import ece, classwise_ece, full_ece
+        import pipeline, pipeline.core.metrics, pipeline.core.accumulator, pipeline.store.tablestore
+        from pipeline.core.metrics import ece, classwise_ece, full_ece
         p = np.full((4, 4), 0.25, np.float32)
         print(ece(p, np.arange(4)), classwise_ece(p, np.arange(4)), full_ece(p, np.arange(4)))
         assert "torch" not in sys.modules

@@ -27,11 +27,11 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline import __version__
-from pipeline.atomic import fsync_dir
 from pipeline.extract.corpus import check_corpus, count_documents, detect_format, iter_documents
 from pipeline.extract.errors import ExtractError, NonFiniteLogitsError
 from pipeline.extract.windows import plan_windows
-from pipeline.manifest import (
+from pipeline.store.atomic import fsync_dir
+from pipeline.store.manifest import (
     MANIFEST_NAME,
     file_sha256,
     load_manifest,
@@ -39,8 +39,8 @@ from pipeline.manifest import (
     save_manifest,
     summarize_shards,
 )
-from pipeline.schema import SCHEMA_VERSION
-from pipeline.shards import (
+from pipeline.store.schema import SCHEMA_VERSION
+from pipeline.store.shards import (
     SHARDS_DIR,
     create_logits_store,
     positions_batch,

@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.manifest import path_sha256
-from pipeline.schema import CLASS_TAIL, POSITIONS
+from pipeline.store.manifest import path_sha256
+from pipeline.store.schema import CLASS_TAIL, POSITIONS
 
 
 @dataclass
@@ -173,7 +173,7 @@ def write_run(
             {"index": index, "rows": table.num_rows, "tail_max": tail_max, **names, "files": files}
         )
     tail_max = max(s["tail_max"] for s in shards)
-    from pipeline.binning import m_exact_from_tail_max
+    from pipeline.core.binning import m_exact_from_tail_max
 
     manifest = {
         "schema_version": 1,

@@ -2,7 +2,7 @@
 
 `dense_metrics` works on a dense [N, K] float32 probability matrix;
 `sparse_metrics` on a run directory's kept entries + per-class tail vectors.
-Neither uses pipeline.binning / accumulator / metrics.
+Neither uses pipeline.core.binning / accumulator / metrics.
 """
 
 from __future__ import annotations

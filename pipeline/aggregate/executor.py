@@ -20,7 +20,7 @@ Map then reduce:
 
 * reduce: one DuckDB ``GROUP BY ... SUM`` over every partial table of every
   run, streamed into ``OUT/*.parquet`` plus ``OUT/meta.json`` (the layout of
-  ``pipeline.tablestore``).
+  ``pipeline.store.tablestore``).
 
 Memory is bounded by DuckDB's limit plus one chunk (full store) or one
 accumulator of K-long vectors, never by N or N x K. No torch here.
@@ -34,26 +34,32 @@ import os
 import shutil
 import sys
 import tempfile
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import click
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import DEFAULT_FINE_BINS, atomic, tablestore
-from pipeline.manifest import RunError, load_manifest
-from pipeline.schema import (
+from pipeline import DEFAULT_FINE_BINS
+from pipeline.aggregate.sql import reduce_sql, sql_str, topk_part_sql
+from pipeline.store import atomic, tablestore
+from pipeline.store.run import (
+    AggregateError,
+    Run,
+    Shard,
+    check_class_tail,
+    check_positions,
+    iter_logit_blocks,
+    open_run,
+    open_runs,
+    open_zarr,
+)
+from pipeline.store.schema import (
     CLASS_BINS,
     SCHEMA_VERSION,
     SEQ_BINS,
     TOKENS,
     TOP1_BINS,
     SchemaVersionError,
-    check_table_schema,
-    check_version,
 )
 
 TABLE_NAMES = tablestore.TABLE_NAMES
@@ -68,183 +74,7 @@ PART_META = "part.json"
 TABLES_DIR = "tables"
 PARTS_DIR = "parts"
 DEFAULT_MEMORY_LIMIT = "1GB"
-# Rows of logits read from Zarr at once (bounded in bytes, see _logit_block_rows).
-_LOGIT_BLOCK_BYTES = 64 << 20
 _WRITE_BATCH_ROWS = 1 << 20
-
-
-class AggregateError(RunError):
-    """A run, shard or table that cannot be aggregated; the message names the file."""
-
-
-# ---------------------------------------------------------------- run model
-
-
-@dataclass
-class Shard:
-    run_dir: Path
-    entry: dict
-    store: str
-    vocab_size: int
-
-    @property
-    def index(self) -> int:
-        return int(self.entry.get("index", 0))
-
-    @property
-    def stem(self) -> str:
-        pos = self.entry.get("positions")
-        if pos:
-            name = Path(pos).name.split(".")[0]
-            return name.split("-", 1)[1] if "-" in name else name
-        return f"{self.index:05d}"
-
-    @property
-    def rows(self) -> int:
-        return int(self.entry.get("rows", 0))
-
-    def path(self, key: str) -> Path | None:
-        rel = self.entry.get(key)
-        return None if not rel else self.run_dir / rel
-
-    def key(self, fine_bins: int) -> str:
-        """Identity of this shard's partial tables: its files' sha256 (from the
-        manifest), the store, K, F and the table schema version."""
-        ident = {
-            "files": self.entry.get("files") or {},
-            "stat": self._stat(),
-            "rows": self.rows,
-            "store": self.store,
-            "vocab_size": self.vocab_size,
-            "fine_bins": fine_bins,
-            "schema_version": SCHEMA_VERSION,
-        }
-        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
-
-    def _stat(self) -> list:
-        """Size and mtime of the shard's files: a file rewritten on disk without
-        a manifest update is re-aggregated too (cheap: no hashing)."""
-        out = []
-        for key in ("positions", "class_tail", "logits"):
-            path = self.path(key)
-            if path is None or not path.exists():
-                continue
-            probe = path / "zarr.json" if path.is_dir() else path
-            st = probe.stat() if probe.exists() else path.stat()
-            out.append([key, st.st_size, st.st_mtime_ns])
-        return out
-
-
-@dataclass
-class Run:
-    run_dir: Path
-    manifest: dict
-    shards: list[Shard] = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        return str(self.manifest.get("label") or self.run_dir.resolve().name)
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.manifest["vocab_size"])
-
-    @property
-    def store(self) -> str:
-        return str(self.manifest["store"])
-
-
-def open_run(run_dir) -> Run:
-    """Load and check a run directory's manifest (errors name the file)."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise AggregateError(f"{run_dir}: no such run directory")
-    manifest = load_manifest(run_dir)
-    where = run_dir / "manifest.json"
-    store = manifest["store"]
-    if store not in ("topk", "full"):
-        raise AggregateError(f"{where}: unknown store {store!r} (expected 'topk' or 'full')")
-    k = manifest["vocab_size"]
-    if not isinstance(k, int) or k < 1:
-        raise AggregateError(f"{where}: vocab_size must be a positive integer, got {k!r}")
-    run = Run(run_dir, manifest)
-    for entry in manifest["shards"]:
-        run.shards.append(Shard(run_dir, entry, store, k))
-    if not run.shards or sum(s.rows for s in run.shards) == 0:
-        raise AggregateError(f"{where}: the run has no positions (no committed shard with rows)")
-    return run
-
-
-def open_runs(run_dirs) -> list[Run]:
-    runs = [open_run(d) for d in run_dirs]
-    if not runs:
-        raise AggregateError("no run directory given")
-    first = runs[0]
-    for run in runs[1:]:
-        if run.vocab_size != first.vocab_size:
-            raise AggregateError(
-                f"cannot merge runs of different vocabularies: {first.run_dir} has "
-                f"K={first.vocab_size}, {run.run_dir} has K={run.vocab_size}"
-            )
-    seen = {}
-    for run in runs:
-        real = run.run_dir.resolve()
-        if real in seen:
-            raise AggregateError(f"{run.run_dir}: given twice (its positions would count twice)")
-        seen[real] = True
-    return runs
-
-
-# ------------------------------------------------------------ shard checks
-
-
-def _require(path: Path | None, shard: Shard, what: str) -> Path:
-    if path is None:
-        raise AggregateError(
-            f"{shard.run_dir / 'manifest.json'}: shard {shard.index} lists no {what} file"
-        )
-    if not path.exists():
-        raise AggregateError(
-            f"{path}: shard file missing (listed in {shard.run_dir / 'manifest.json'})"
-        )
-    return path
-
-
-def _check_positions(shard: Shard) -> Path:
-    path = _require(shard.path("positions"), shard, "positions")
-    try:
-        pf = pq.ParquetFile(str(path))
-    except Exception as err:  # noqa: BLE001 - pyarrow raises several types
-        raise AggregateError(f"{path}: not a readable Parquet file ({err})") from err
-    try:
-        check_table_schema(pf.schema_arrow, "positions", str(path))
-    except SchemaVersionError:
-        raise
-    except ValueError as err:
-        raise AggregateError(f"shard fails validation: {err}") from err
-    rows = pf.metadata.num_rows
-    if rows != shard.rows:
-        raise AggregateError(
-            f"{path}: {rows} rows but the manifest says {shard.rows} (shard fails validation)"
-        )
-    return path
-
-
-def _check_class_tail(shard: Shard) -> Path | None:
-    path = shard.path("class_tail")
-    if path is None:
-        if shard.store == "topk":
-            _require(None, shard, "class_tail")
-        return None
-    _require(path, shard, "class_tail")
-    try:
-        schema = pq.read_schema(str(path))
-        check_table_schema(schema, "class_tail", str(path))
-    except SchemaVersionError:
-        raise
-    except (ValueError, OSError, pa.ArrowException) as err:
-        raise AggregateError(f"shard fails validation: {path}: {err}") from err
-    return path
 
 
 # ------------------------------------------------------------------ duckdb
@@ -255,20 +85,11 @@ def _connect(memory_limit: str, temp_dir: Path, threads: int | None = None):
 
     con = duckdb.connect(":memory:")
     con.execute(f"SET memory_limit='{memory_limit}'")
-    con.execute(f"SET temp_directory='{_sql_str(temp_dir)}'")
+    con.execute(f"SET temp_directory='{sql_str(temp_dir)}'")
     con.execute("SET preserve_insertion_order=false")
     con.execute("SET enable_progress_bar=false")
     con.execute(f"SET threads={threads or max(1, os.cpu_count() or 1)}")
     return con
-
-
-def _sql_str(path) -> str:
-    return str(path).replace("'", "''")
-
-
-def bin_sql(expr: str, fine_bins: int) -> str:
-    """The binning rule in SQL: max(ceil(float64(p) * F), 1), 1-based."""
-    return f"CAST(greatest(ceil(CAST({expr} AS DOUBLE) * {int(fine_bins)}), 1) AS INTEGER)"
 
 
 def _write_query(con, query: str, path: Path, schema: pa.Schema) -> int:
@@ -286,57 +107,11 @@ def _write_query(con, query: str, path: Path, schema: pa.Schema) -> int:
     return rows
 
 
-def _topk_part_queries(pos: str, tail: str | None, fine_bins: int) -> dict[str, str]:
-    """SQL of the four partial tables of one top-k shard."""
-    kept = (
-        f"(SELECT doc_id, label, unnest(kept_ids) AS class_id, unnest(kept_probs) AS p "
-        f"FROM read_parquet('{pos}'))"
-    )
-    bin_p = bin_sql("p", fine_bins)
-    bin_top1 = bin_sql("top1_prob", fine_bins)
-    tail_rows = (
-        f"UNION ALL SELECT class_id, 1, tail_count, tail_mass, 0 FROM read_parquet('{tail}') "
-        "WHERE tail_count > 0"
-        if tail
-        else ""
-    )
-    return {
-        "class_bins": f"""
-            SELECT class_id, bin, sum(n) AS n, sum(p_sum) AS p_sum, sum(hits) AS hits FROM (
-              SELECT class_id, {bin_p} AS bin, count(*) AS n, sum(CAST(p AS DOUBLE)) AS p_sum,
-                     count(*) FILTER (WHERE class_id = label) AS hits
-              FROM {kept} GROUP BY ALL
-              {tail_rows}
-            ) GROUP BY class_id, bin""",
-        "top1_bins": f"""
-            SELECT {bin_top1} AS bin, count(*) AS n, sum(CAST(top1_prob AS DOUBLE)) AS conf_sum,
-                   count(*) FILTER (WHERE top1_id = label) AS correct
-            FROM read_parquet('{pos}') GROUP BY ALL""",
-        "seq_bins": f"""
-            SELECT seq_id, bin, sum(n) AS n, sum(p_sum) AS p_sum, sum(hits) AS hits,
-                   sum(top1_n) AS top1_n, sum(conf_sum) AS conf_sum, sum(correct) AS correct
-            FROM (
-              SELECT doc_id AS seq_id, {bin_p} AS bin, count(*) AS n,
-                     sum(CAST(p AS DOUBLE)) AS p_sum,
-                     count(*) FILTER (WHERE class_id = label) AS hits,
-                     0 AS top1_n, CAST(0 AS DOUBLE) AS conf_sum, 0 AS correct
-              FROM {kept} GROUP BY ALL
-              UNION ALL
-              SELECT doc_id, 1, tail_count, tail_mass, 0, 0, CAST(0 AS DOUBLE), 0
-              FROM read_parquet('{pos}') WHERE tail_count > 0
-              UNION ALL
-              SELECT doc_id, {bin_top1}, 0, CAST(0 AS DOUBLE), 0, 1, CAST(top1_prob AS DOUBLE),
-                     CAST(top1_id = label AS INTEGER)
-              FROM read_parquet('{pos}')
-            ) GROUP BY seq_id, bin""",
-    }
-
-
 def _aggregate_topk_shard(con, shard: Shard, part_dir: Path, fine_bins: int) -> dict:
-    pos_path = _check_positions(shard)
-    tail_path = _check_class_tail(shard)
-    pos = _sql_str(pos_path)
-    tail = _sql_str(tail_path) if tail_path else None
+    pos_path = check_positions(shard)
+    tail_path = check_class_tail(shard)
+    pos = sql_str(pos_path)
+    tail = sql_str(tail_path) if tail_path else None
     k = shard.vocab_size
     # cheap checks (one pass over scalar columns): ids in range, tail max
     lo_label, hi_label, lo_top1, hi_top1, tail_max, tail_total, unkept = con.execute(
@@ -352,7 +127,7 @@ def _aggregate_topk_shard(con, shard: Shard, part_dir: Path, fine_bins: int) -> 
     for name, lo, hi in (("label", lo_label, hi_label), ("top1_id", lo_top1, hi_top1)):
         if lo < 0 or hi >= k:
             raise AggregateError(f"{pos_path}: {name} outside [0, {k}) (shard fails validation)")
-    queries = _topk_part_queries(pos, tail, fine_bins)
+    queries = topk_part_sql(pos, tail, fine_bins)
     con.execute(f"CREATE OR REPLACE TEMP TABLE _cb AS {queries['class_bins']}")
     n_pairs, n_hits, lo_id, hi_id = con.execute(
         "SELECT sum(n), sum(hits), min(class_id), max(class_id) FROM _cb"
@@ -404,55 +179,12 @@ def _aggregate_topk_shard(con, shard: Shard, part_dir: Path, fine_bins: int) -> 
     return meta
 
 
-def _open_zarr(shard: Shard):
-    import zarr
-
-    path = _require(shard.path("logits"), shard, "logits")
-    try:
-        group = zarr.open_group(str(path), mode="r")
-        version = group.attrs.get("fullece.schema_version")
-        if version is not None:
-            check_version(version, str(path))
-        logits, lse = group["logits"], group["logsumexp"]
-    except SchemaVersionError:
-        raise
-    except Exception as err:  # noqa: BLE001 - zarr raises many types
-        raise AggregateError(f"{path}: not a readable Zarr v3 logits store ({err})") from err
-    if logits.ndim != 2 or logits.shape != (shard.rows, shard.vocab_size):
-        raise AggregateError(
-            f"{path}/logits: shape {logits.shape}, expected [rows, K] = "
-            f"[{shard.rows}, {shard.vocab_size}] (shard fails validation)"
-        )
-    if lse.shape != (shard.rows,):
-        raise AggregateError(f"{path}/logsumexp: shape {lse.shape}, expected [{shard.rows}]")
-    if np.dtype(logits.dtype) not in (np.float16, np.float32):
-        raise AggregateError(f"{path}/logits: dtype {logits.dtype}, expected float16 or float32")
-    return path, logits, lse
-
-
-def _logit_block_rows(logits) -> int:
-    chunk = int(logits.chunks[0])
-    row_bytes = int(logits.shape[1]) * 4
-    per = max(1, _LOGIT_BLOCK_BYTES // (row_bytes * chunk))
-    return chunk * per
-
-
-def iter_logit_blocks(shard: Shard, block_rows: int | None = None):
-    """Yield (start, logits [r, K] as stored, logsumexp float32 [r]) in row blocks."""
-    _, logits, lse = _open_zarr(shard)
-    n = logits.shape[0]
-    step = block_rows or _logit_block_rows(logits)
-    for start in range(0, n, step):
-        stop = min(n, start + step)
-        yield start, logits[start:stop], np.asarray(lse[start:stop], dtype=np.float32)
-
-
 def _aggregate_full_shard(shard: Shard, part_dir: Path, fine_bins: int, bar=None) -> dict:
-    from pipeline.accumulator import CalibrationAccumulator
-    from pipeline.checks import InputError
+    from pipeline.core.accumulator import CalibrationAccumulator
+    from pipeline.core.checks import InputError
 
-    pos_path = _check_positions(shard)
-    zpath, _, _ = _open_zarr(shard)
+    pos_path = check_positions(shard)
+    zpath, _, _ = open_zarr(shard)
     cols = pq.read_table(str(pos_path), columns=["doc_id", "label"])
     doc_ids = cols.column("doc_id").to_numpy()
     labels = cols.column("label").to_numpy()
@@ -597,43 +329,14 @@ def _reduce(
     con = _connect(memory_limit, temp_dir)
 
     def files(name):
-        lst = ", ".join(f"'{_sql_str(p / f'{name}.parquet')}'" for _, _, p, _ in parts)
+        lst = ", ".join(f"'{sql_str(p / f'{name}.parquet')}'" for _, _, p, _ in parts)
         return f"read_parquet([{lst}])"
 
     out.mkdir(parents=True, exist_ok=True)
-    _write_query(
-        con,
-        f"""SELECT class_id, bin, sum(n), sum(p_sum), sum(hits)
-        FROM {files("class_bins")} GROUP BY class_id, bin ORDER BY class_id, bin""",
-        out / "class_bins.parquet",
-        CLASS_BINS,
-    )
-    _write_query(
-        con,
-        f"""SELECT bin, sum(n), sum(conf_sum), sum(correct)
-        FROM {files("top1_bins")} GROUP BY bin ORDER BY bin""",
-        out / "top1_bins.parquet",
-        TOP1_BINS,
-    )
-    _write_query(
-        con,
-        f"""SELECT r.class_id, coalesce(t.label_count, 0), coalesce(t.top1_count, 0),
-            coalesce(t.p_mass, 0.0)
-        FROM (SELECT CAST(range AS INTEGER) AS class_id FROM range({k})) r
-        LEFT JOIN (SELECT class_id, sum(label_count) AS label_count, sum(top1_count) AS top1_count,
-                          sum(p_mass) AS p_mass FROM {files("tokens")} GROUP BY class_id) t
-        USING (class_id) ORDER BY r.class_id""",
-        out / "tokens.parquet",
-        TOKENS,
-    )
-    _write_query(
-        con,
-        f"""SELECT seq_id, bin, sum(n), sum(p_sum), sum(hits), sum(top1_n),
-            sum(conf_sum), sum(correct)
-        FROM {files("seq_bins")} GROUP BY seq_id, bin ORDER BY seq_id, bin""",
-        out / "seq_bins.parquet",
-        SEQ_BINS,
-    )
+    for name in TABLE_NAMES:
+        _write_query(
+            con, reduce_sql(name, files(name), k), out / f"{name}.parquet", TABLE_SCHEMAS[name]
+        )
     con.close()
 
     meta = tablestore.tables_meta(
@@ -679,7 +382,7 @@ def aggregate(
     Returns (tables directory, meta). With ``keep_parts=False`` the per-shard
     partial tables go to a temporary directory that is removed afterwards.
     """
-    from pipeline.binning import check_n_bins
+    from pipeline.core.binning import check_n_bins
 
     fine_bins = check_n_bins(fine_bins)
     if isinstance(run_dirs, (str, os.PathLike)):
@@ -713,7 +416,7 @@ def aggregate_runs(
     *,
     progress: bool = False,
 ):
-    """Aggregate and return the tables (``pipeline.tables.BinTables``)."""
+    """Aggregate and return the tables (``pipeline.core.tables.BinTables``)."""
     out, _ = aggregate(run_dirs, out, fine_bins, memory_limit, progress=progress)
     return load_run_tables(out)
 
@@ -794,50 +497,6 @@ def ensure_tables(run_dirs, out=None, *, quiet: bool = False) -> Path:
     if reason is not None:
         if not quiet:
             names = ", ".join(str(d) for d in run_dirs)
-            click.echo(f"fullece: aggregating {names} ({reason}) ...", err=True)
+            print(f"fullece: aggregating {names} ({reason}) ...", file=sys.stderr)
         aggregate(run_dirs, tables_dir, progress=not quiet)
     return tables_dir
-
-
-# --------------------------------------------------------------------- CLI
-
-
-@click.command("aggregate")
-@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Tables directory (default RUN_DIR/tables; required for several runs).",
-)
-@click.option(
-    "--fine-bins",
-    type=int,
-    default=DEFAULT_FINE_BINS,
-    show_default=True,
-    help="Fine grid F of the tables.",
-)
-@click.option(
-    "--memory-limit",
-    default=DEFAULT_MEMORY_LIMIT,
-    show_default=True,
-    help="DuckDB memory limit (spills to disk beyond it).",
-)
-@click.option("--quiet", is_flag=True, help="No progress bar.")
-def aggregate_command(run_dirs, out, fine_bins, memory_limit, quiet):
-    """Build bin tables (class_bins, top1_bins, tokens, seq_bins) from the shards.
-
-    Incremental: each shard's partial tables are kept under
-    RUN_DIR/tables/parts/ and reused while the shard's sha256 is unchanged.
-    """
-    t0 = time.perf_counter()
-    try:
-        out_dir, meta = aggregate(list(run_dirs), out, fine_bins, memory_limit, progress=not quiet)
-    except (RunError, SchemaVersionError, ValueError) as err:
-        raise click.ClickException(str(err)) from err
-    dt = time.perf_counter() - t0
-    click.echo(
-        f"{out_dir}: {meta['positions']:,} positions, K={meta['vocab_size']:,}, "
-        f"F={meta['fine_bins']}, M_exact={meta['m_exact'] if meta['m_exact'] is not None else 'all'} "
-        f"({dt:.1f} s)"
-    )

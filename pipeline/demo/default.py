@@ -4,11 +4,11 @@ No weights or data sets can be downloaded, so the default makes its own:
 
 ``default extract`` (``make extract``)
     1. builds the default corpus from the standard library's documentation
-       (``pipeline.corpus``; skipped when it is already there for this Python),
+       (``pipeline.demo.corpus``; skipped when it is already there for this Python),
        or uses the user's ``train.*``/``test.*`` in ``--corpus-dir`` or the
        files given by ``--train-corpus``/``--test-corpus``;
     2. trains the tokenizer and the small GPT-2 with log-uniform checkpoints
-       (``pipeline.train``; skipped when they exist, resumed when interrupted);
+       (``pipeline.demo.train``; skipped when they exist, resumed when interrupted);
     3. extracts every checkpoint on the test split into ``RUNS_DIR/<checkpoint>``
        (top-k store, k = 64, tau = 1/1000, so every M of the paper is exact;
        a run already complete is skipped, an interrupted one resumes).
@@ -29,11 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-import click
-
 from pipeline import PAPER_BINS
-from pipeline.atomic import write_json
-from pipeline.train import DEFAULT_STEPS, DEFAULTS
+from pipeline.store.atomic import write_json
 
 SUMMARY_FILE = "default.json"
 CORPUS_SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -43,7 +40,7 @@ PAPER_TABLE1 = {"cw_ece": (40.93, 44.90), "full_ece": (7.56, 8.36)}  # 2B and 7B
 PAPER_NEVER, PAPER_RARE = 0.30, 0.41  # share of the vocabulary seen 0 and 1-10 times
 
 
-class DefaultError(click.ClickException):
+class DefaultError(ValueError):
     pass
 
 
@@ -64,7 +61,7 @@ def _find_split(directory: Path, split: str) -> Path | None:
 
 def resolve_corpus(corpus_dir, train_corpus=None, test_corpus=None, *, log=_log) -> dict:
     """The train/test files of the default: given, the user's, or the built default corpus."""
-    from pipeline.corpus import CORPUS_JSON, build_default_corpus, describe
+    from pipeline.demo.corpus import CORPUS_JSON, build_default_corpus, describe
 
     corpus_dir = Path(corpus_dir)
     t0 = time.perf_counter()
@@ -117,7 +114,7 @@ def run_default_extract(
     log=_log,
 ) -> dict:
     """Corpus -> checkpoints -> one run per checkpoint. Returns the summary (also in RUNS_DIR/default.json)."""
-    from pipeline.train import train_model
+    from pipeline.demo.train import train_model
 
     t_all = time.perf_counter()
     runs_dir = Path(runs_dir)
@@ -204,7 +201,7 @@ def _run_complete(run_dir: Path) -> bool:
 
 
 def _training_summary(models_dir, seconds: float) -> dict:
-    from pipeline.train import PLAN_FILE
+    from pipeline.demo.train import PLAN_FILE
 
     try:
         plan = json.loads((Path(models_dir) / PLAN_FILE).read_text())
@@ -283,7 +280,7 @@ def saturated(row: dict, m: int) -> bool:
 
 def collect(runs_dir, *, quiet: bool = False) -> list[dict]:
     """Metrics (paper's M), training info and test loss of every run, in training order."""
-    from pipeline.commands import metrics_for_run
+    from pipeline.analysis.metrics import metrics_for_run
 
     rows = []
     for run_dir in find_runs(runs_dir):
@@ -508,7 +505,7 @@ def format_default(rows: list[dict], verdicts: dict) -> str:
 
 def run_default_metrics(runs_dir="runs", report_dir="report", *, quiet: bool = False) -> dict:
     """Aggregate every run, compute everything `default metrics` prints, write the report."""
-    from pipeline.report import write_report
+    from pipeline.analysis.report import write_report
 
     t0 = time.perf_counter()
     rows = collect(runs_dir, quiet=quiet)
@@ -535,218 +532,5 @@ def run_default_metrics(runs_dir="runs", report_dir="report", *, quiet: bool = F
         "report": str(report),
         "seconds": round(time.perf_counter() - t0, 2),
     }
-    write_json(Path(report_dir) / "default_summary.json", _jsonable(summary))
+    write_json(Path(report_dir) / "default_summary.json", summary)
     return {"text": text, "report": report, "summary": summary}
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
-# ------------------------------------------------------------------ CLI
-
-
-@click.group("default")
-def default():
-    """The embedded default experiment (make extract / make metrics).
-
-    \b
-    fullece default extract   corpus -> tokenizer + GPT-2 checkpoints -> one run each
-    fullece default metrics   the paper's metrics, Table 1, token frequency, trend, report
-    """
-
-
-@default.command("extract")
-@click.option(
-    "--corpus-dir",
-    default="data/corpus",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Default corpus (built here) or your own train.* and test.* (.txt/.jsonl/.parquet).",
-)
-@click.option(
-    "--models-dir",
-    default="data/models",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Tokenizer and checkpoints.",
-)
-@click.option(
-    "--runs-dir",
-    default="runs",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="One run directory per checkpoint.",
-)
-@click.option(
-    "--train-corpus",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="Train on this file instead (with --test-corpus).",
-)
-@click.option(
-    "--test-corpus",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="Extract on this file instead (with --train-corpus).",
-)
-@click.option(
-    "--steps",
-    default=None,
-    type=click.IntRange(1),
-    help=f"Training steps [default: {DEFAULT_STEPS}].",
-)
-@click.option(
-    "--checkpoints",
-    default=None,
-    type=click.IntRange(1),
-    help=f"Checkpoints, log-uniform over the steps [default: {DEFAULTS['checkpoints']}].",
-)
-@click.option("--seed", default=None, type=int, help=f"[default: {DEFAULTS['seed']}]")
-@click.option(
-    "--vocab-size",
-    default=None,
-    type=click.IntRange(260),
-    help=f"BPE vocabulary [default: {DEFAULTS['vocab_size']}].",
-)
-@click.option(
-    "--layers", default=None, type=click.IntRange(1), help=f"[default: {DEFAULTS['layers']}]"
-)
-@click.option(
-    "--width", default=None, type=click.IntRange(8), help=f"[default: {DEFAULTS['width']}]"
-)
-@click.option(
-    "--heads", default=None, type=click.IntRange(1), help=f"[default: {DEFAULTS['heads']}]"
-)
-@click.option(
-    "--context", default=None, type=click.IntRange(8), help=f"[default: {DEFAULTS['context']}]"
-)
-@click.option(
-    "--train-batch-size",
-    default=None,
-    type=click.IntRange(1),
-    help=f"Training sequences per step [default: {DEFAULTS['batch_size']}].",
-)
-@click.option(
-    "--k",
-    "k",
-    default=64,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Top-k kept per position.",
-)
-@click.option(
-    "--tau",
-    default=1e-3,
-    show_default=True,
-    type=float,
-    help="Also keep p > tau (tau <= 1/1000 makes every M of the paper exact).",
-)
-@click.option(
-    "--batch-size",
-    default=8,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Extraction windows per forward pass.",
-)
-@click.option(
-    "--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"])
-)
-@click.option("--quiet", is_flag=True, help="No progress bars.")
-def extract_command(
-    corpus_dir,
-    models_dir,
-    runs_dir,
-    train_corpus,
-    test_corpus,
-    steps,
-    checkpoints,
-    seed,
-    vocab_size,
-    layers,
-    width,
-    heads,
-    context,
-    train_batch_size,
-    k,
-    tau,
-    batch_size,
-    device,
-    quiet,
-):
-    """Build the corpus, train the checkpoints, extract each on the test split.
-
-    Each stage is skipped when its output is there, so an interrupted run
-    resumes where it stopped.
-    """
-    from pipeline.cli import require_extract_extra
-
-    require_extract_extra("default extract")
-    options = {
-        key: value
-        for key, value in dict(
-            steps=steps,
-            checkpoints=checkpoints,
-            seed=seed,
-            vocab_size=vocab_size,
-            layers=layers,
-            width=width,
-            heads=heads,
-            context=context,
-            batch_size=train_batch_size,
-        ).items()
-        if value is not None
-    }
-    summary = run_default_extract(
-        corpus_dir,
-        models_dir,
-        runs_dir,
-        train_corpus=train_corpus,
-        test_corpus=test_corpus,
-        train_options=options,
-        k=k,
-        tau=tau,
-        batch_size=batch_size,
-        device=device,
-        progress=not quiet,
-    )
-    for run in summary["runs"]:
-        click.echo(run["run"])
-
-
-@default.command("metrics")
-@click.option(
-    "--runs-dir",
-    default="runs",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Where `default extract` wrote the runs.",
-)
-@click.option(
-    "--report-dir",
-    default="report",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Where the HTML report goes.",
-)
-@click.option("--quiet", is_flag=True, help="No progress bars or notices.")
-def metrics_command(runs_dir, report_dir, quiet):
-    """Print the paper's measurements on every run, then write the HTML report."""
-    from pipeline.manifest import RunError
-    from pipeline.schema import SchemaVersionError
-
-    try:
-        result = run_default_metrics(runs_dir, report_dir, quiet=quiet)
-    except (RunError, SchemaVersionError, FileNotFoundError) as err:
-        raise click.ClickException(str(err)) from err
-    click.echo(result["text"])
-    click.echo("")
-    click.echo(f"report: {result['report']}")

@@ -29,8 +29,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.binning import m_exact_from_tail_max
-from pipeline.schema import check_version
+from pipeline.core.binning import m_exact_from_tail_max
+from pipeline.store.schema import check_version
 
 MANIFEST_NAME = "manifest.json"
 
@@ -66,13 +66,15 @@ _HASH_BLOCK = 1 << 22
 
 
 def manifest_schema_path() -> Path:
-    """schemas/manifest.v1.schema.json beside the package (a checkout or sdist)."""
-    return Path(__file__).resolve().parent.parent / "schemas" / MANIFEST_SCHEMA_FILE
+    """schemas/manifest.v1.schema.json (package data, or the checkout's schemas/)."""
+    from pipeline.store.schemafiles import schema_file
+
+    return schema_file(MANIFEST_SCHEMA_FILE)
 
 
 def save_manifest(run_dir, manifest: dict) -> None:
     """Rewrite RUN_DIR/manifest.json atomically (readers see old or new, never half)."""
-    from pipeline.atomic import write_json
+    from pipeline.store.atomic import write_json
 
     write_json(manifest_path(run_dir), manifest)
 

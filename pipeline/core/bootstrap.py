@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.binning import coarsen_bins
-from pipeline.metrics import ece_formula, full_ece_formula
+from pipeline.core.binning import coarsen_bins
+from pipeline.core.metrics import ece_formula, full_ece_formula
 
 _CELLS = 4_000_000  # floats per temporary block
 

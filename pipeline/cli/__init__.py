@@ -11,16 +11,16 @@ from pipeline import __version__
 
 # name -> "module:attribute"; each module defines one click command.
 _COMMANDS = {
-    "extract": "pipeline.extract.command:extract",
-    "validate": "pipeline.validate:validate",
-    "aggregate": "pipeline.aggregate:aggregate_command",
-    "metrics": "pipeline.commands:metrics",
-    "compare": "pipeline.commands:compare",
-    "sql": "pipeline.sql:sql",
-    "report": "pipeline.report:report",
-    "train": "pipeline.train:train",
-    "corpus": "pipeline.corpus:corpus",
-    "default": "pipeline.default:default",
+    "extract": "pipeline.cli.extract:extract",
+    "validate": "pipeline.cli.validate:validate",
+    "aggregate": "pipeline.cli.aggregate:aggregate_command",
+    "metrics": "pipeline.cli.metrics:metrics",
+    "compare": "pipeline.cli.metrics:compare",
+    "sql": "pipeline.cli.sql:sql",
+    "report": "pipeline.cli.report:report",
+    "train": "pipeline.cli.train:train",
+    "corpus": "pipeline.cli.corpus:corpus",
+    "default": "pipeline.cli.default:default",
 }
 
 

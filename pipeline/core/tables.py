@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from pipeline import schema
-from pipeline.binning import coarsen_bins, m_exact_from_tail_max
+from pipeline.core.binning import coarsen_bins, m_exact_from_tail_max
+from pipeline.store import schema
 
 CLASS_BIN_VALUES = ("n", "p_sum", "hits")
 SEQ_BIN_VALUES = ("n", "p_sum", "hits", "top1_n", "conf_sum", "correct")
@@ -168,7 +168,7 @@ class BinTables:
 
     __add__ = merge
 
-    # ---- Arrow conversion (the on-disk columns of pipeline.schema) ----------
+    # ---- Arrow conversion (the on-disk columns of pipeline.store.schema) ----------
 
     def to_arrow(self) -> dict[str, pa.Table]:
         cb, sb = self.class_bins, self.seq_bins

@@ -19,7 +19,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.schema import CLASS_TAIL, POSITIONS, SCHEMA_VERSION, check_table_schema, check_version
+from pipeline.store.schema import (
+    CLASS_TAIL,
+    POSITIONS,
+    SCHEMA_VERSION,
+    check_table_schema,
+    check_version,
+)
 
 SHARDS_DIR = "shards"
 PARQUET_COMPRESSION = "zstd"
@@ -188,7 +194,7 @@ def _shard_path(run_dir, shard: dict, key: str) -> Path:
 
 def _manifest(run_dir, manifest):
     if manifest is None:
-        from pipeline.manifest import load_manifest
+        from pipeline.store.manifest import load_manifest
 
         manifest = load_manifest(run_dir)
     return manifest

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from pipeline import __version__, atomic
-from pipeline.binning import m_exact_from_tail_max
-from pipeline.schema import SCHEMA_VERSION, check_table_schema, check_version
-from pipeline.tables import BinTables
+from pipeline import __version__
+from pipeline.core.binning import m_exact_from_tail_max
+from pipeline.core.tables import BinTables
+from pipeline.store import atomic
+from pipeline.store.schema import SCHEMA_VERSION, check_table_schema, check_version
 
 TABLE_NAMES = ("class_bins", "top1_bins", "tokens", "seq_bins")
 META_NAME = "meta.json"

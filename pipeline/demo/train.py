@@ -30,11 +30,10 @@ import sys
 import time
 from pathlib import Path
 
-import click
 import numpy as np
 
-from pipeline.atomic import atomic_path, write_json
-from pipeline.manifest import file_sha256
+from pipeline.store.atomic import atomic_path, write_json
+from pipeline.store.manifest import file_sha256
 
 EOT = "<|endoftext|>"
 PLAN_FILE = "training.json"
@@ -60,7 +59,7 @@ DEFAULTS = dict(
 DEFAULT_STEPS = 800
 
 
-class TrainingError(click.ClickException):
+class TrainingError(ValueError):
     """Training cannot proceed (mismatching directory, empty corpus...)."""
 
 
@@ -518,115 +517,3 @@ def _progress(total, start, enabled):
         dynamic_ncols=True,
         mininterval=1.0,
     )
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-@click.command("train")
-@click.option(
-    "--corpus",
-    "corpus_path",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="Training text: .txt (one document per line), .jsonl or .parquet.",
-)
-@click.option(
-    "--out",
-    "out_dir",
-    required=True,
-    type=click.Path(file_okay=False),
-    help="Directory for tokenizer/ and the ckpt-NNNNNN/ checkpoints.",
-)
-@click.option("--steps", default=DEFAULT_STEPS, show_default=True, type=click.IntRange(1))
-@click.option(
-    "--checkpoints",
-    default=DEFAULTS["checkpoints"],
-    show_default=True,
-    type=click.IntRange(1),
-    help="How many, spread log-uniformly over the steps.",
-)
-@click.option("--seed", default=DEFAULTS["seed"], show_default=True, type=int)
-@click.option(
-    "--vocab-size", default=DEFAULTS["vocab_size"], show_default=True, type=click.IntRange(260)
-)
-@click.option("--layers", default=DEFAULTS["layers"], show_default=True, type=click.IntRange(1))
-@click.option("--width", default=DEFAULTS["width"], show_default=True, type=click.IntRange(8))
-@click.option("--heads", default=DEFAULTS["heads"], show_default=True, type=click.IntRange(1))
-@click.option("--context", default=DEFAULTS["context"], show_default=True, type=click.IntRange(8))
-@click.option(
-    "--batch-size", default=DEFAULTS["batch_size"], show_default=True, type=click.IntRange(1)
-)
-@click.option("--lr", default=DEFAULTS["lr"], show_default=True, type=float)
-@click.option(
-    "--warmup",
-    default=None,
-    type=click.IntRange(0),
-    help="Warmup steps [default: steps/10, at most 100].",
-)
-@click.option(
-    "--text-field",
-    default="text",
-    show_default=True,
-    help="Field/column holding the text in .jsonl/.parquet.",
-)
-@click.option(
-    "--threads",
-    default=None,
-    type=click.IntRange(1),
-    help="torch CPU threads [default: all cores].",
-)
-@click.option("--force", is_flag=True, help="Retrain even when checkpoints exist.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
-def train(
-    corpus_path,
-    out_dir,
-    steps,
-    checkpoints,
-    seed,
-    vocab_size,
-    layers,
-    width,
-    heads,
-    context,
-    batch_size,
-    lr,
-    warmup,
-    text_field,
-    threads,
-    force,
-    quiet,
-):
-    """Train a byte-level BPE tokenizer and a small GPT-2 on your text, with checkpoints.
-
-    Checkpoints are spread log-uniformly over the steps and saved as ordinary
-    Hugging Face directories (model + tokenizer) OUT/ckpt-NNNNNN, loadable
-    with AutoModelForCausalLM and usable with `fullece extract --model`.
-    Deterministic for a seed; resumes when interrupted, skips when done.
-    """
-    from pipeline.cli import require_extract_extra
-
-    require_extract_extra("train")
-    if width % heads:
-        raise click.BadParameter(f"width {width} is not a multiple of heads {heads}")
-    paths = train_model(
-        corpus_path,
-        out_dir,
-        steps=steps,
-        checkpoints=checkpoints,
-        seed=seed,
-        vocab_size=vocab_size,
-        layers=layers,
-        width=width,
-        heads=heads,
-        context=context,
-        batch_size=batch_size,
-        lr=lr,
-        warmup=warmup,
-        text_field=text_field,
-        threads=threads,
-        force=force,
-        progress=not quiet,
-    )
-    for p in paths:
-        click.echo(str(p))

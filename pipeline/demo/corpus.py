@@ -34,10 +34,8 @@ import tokenize
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import click
-
-from pipeline.atomic import write_bytes, write_json
-from pipeline.manifest import file_sha256
+from pipeline.store.atomic import write_bytes, write_json
+from pipeline.store.manifest import file_sha256
 
 BUILDER_VERSION = 1
 CORPUS_JSON = "corpus.json"
@@ -379,27 +377,3 @@ def describe(info: dict) -> str:
         f"test {te['documents']} docs / {te['chars'] / 1e3:.0f}k chars "
         f"(test sha256 {te['sha256'][:12]})"
     )
-
-
-@click.command("corpus")
-@click.option(
-    "--out",
-    "out_dir",
-    default="data/corpus",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Directory for train.txt, test.txt, corpus.json.",
-)
-@click.option("--force", is_flag=True, help="Rebuild even when an intact corpus is there.")
-def corpus(out_dir, force):
-    """Build the default corpus offline from the standard library's documentation.
-
-    Docstrings (read with ast, nothing imported) and pydoc_data.topics are
-    cleaned into prose paragraphs, deduplicated and split by a hash of each
-    paragraph into train.txt and test.txt (about 10%), one document per line.
-    corpus.json records the Python version and the files' sha256.
-    """
-    info = build_default_corpus(out_dir, force=force)
-    state = "up to date" if info["skipped"] else f"built in {info['build_seconds']}s"
-    click.echo(f"{describe(info)} [{state}]")
-    click.echo(f"  {info['train_path']}\n  {info['test_path']}")

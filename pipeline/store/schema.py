@@ -9,7 +9,7 @@ Run directory (written by ``fullece extract``)::
     RUN_DIR/tables/*.parquet               bin tables (written by ``fullece aggregate``)
 
 ``schemas/`` holds the JSON renderings of these definitions (``python -m
-pipeline.schema`` regenerates them); readers refuse versions they do not know.
+pipeline.store.schema`` regenerates them); readers refuse versions they do not know.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def check_version(version, where: str) -> None:
 
 
 # One row per scored position. `kept_probs` is the probability of record
-# (float32); binning always uses float64(p) (see pipeline.binning).
+# (float32); binning always uses float64(p) (see pipeline.core.binning).
 POSITIONS = pa.schema(
     [
         pa.field("doc_id", pa.int64(), nullable=False),  # document index in the corpus
@@ -183,4 +183,6 @@ def write_schema_files(directory: Path) -> None:
 
 
 if __name__ == "__main__":
-    write_schema_files(Path(__file__).resolve().parent.parent / "schemas")
+    from pipeline.store.schemafiles import CHECKOUT_SCHEMAS
+
+    write_schema_files(CHECKOUT_SCHEMAS)

@@ -40,7 +40,10 @@ def write_bytes(path, data: bytes) -> None:
 
 
 def write_json(path, obj) -> None:
-    write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+    """Write `obj` as JSON atomically; NaN/inf become null (JSON has no NaN)."""
+    from pipeline.store.jsonsafe import json_safe
+
+    write_bytes(path, (json.dumps(json_safe(obj), indent=2, allow_nan=False) + "\n").encode())
 
 
 def fsync_dir(directory: Path) -> None:

@@ -14,16 +14,14 @@ import json
 import re
 from pathlib import Path
 
-import click
-
-from pipeline.manifest import (
+from pipeline.store.manifest import (
     RunError,
     load_manifest,
     manifest_path,
     manifest_schema_path,
     path_sha256,
 )
-from pipeline.schema import SchemaVersionError
+from pipeline.store.schema import SchemaVersionError
 
 _TYPES = {
     "object": dict,
@@ -133,7 +131,7 @@ def find_problems(run_dir, *, first_only: bool = True) -> list[str]:
 def _shard_content_problems(run_dir: Path, shard: dict, vocab: int, store: str):
     import pyarrow.parquet as pq
 
-    from pipeline.schema import check_table_schema
+    from pipeline.store.schema import check_table_schema
 
     for key, table in (("positions", "positions"), ("class_tail", "class_tail")):
         rel = shard.get(key)
@@ -159,7 +157,7 @@ def _shard_content_problems(run_dir: Path, shard: dict, vocab: int, store: str):
             yield f"shard {shard['index']}: full store without a logits file"
             return
         try:
-            from pipeline.shards import open_logits
+            from pipeline.store.shards import open_logits
 
             logits, lse = open_logits(run_dir, shard)
         except Exception as err:  # noqa: BLE001 - zarr raises many kinds
@@ -171,24 +169,3 @@ def _shard_content_problems(run_dir: Path, shard: dict, vocab: int, store: str):
             yield f"{rel}: logits dtype {logits.dtype}, expected float16 or float32"
         elif tuple(lse.shape) != (shard["rows"],) or str(lse.dtype) != "float32":
             yield f"{rel}: logsumexp is {lse.dtype}{tuple(lse.shape)}, expected float32 ({shard['rows']},)"
-
-
-@click.command()
-@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=str))
-@click.option("--all", "show_all", is_flag=True, help="List every problem, not only the first.")
-def validate(run_dir, show_all):
-    """Check RUN_DIR's files against the manifest's checksums and the schemas.
-
-    Exits 0 when every file is intact, 1 naming the first problem otherwise.
-    """
-    problems = find_problems(run_dir, first_only=not show_all)
-    if problems:
-        for msg in problems:
-            click.echo(f"invalid: {msg}", err=True)
-        raise SystemExit(1)
-    manifest = load_manifest(run_dir)
-    state = "complete" if manifest.get("complete") else "incomplete (resume with the same command)"
-    click.echo(
-        f"{run_dir}: valid, {len(manifest['shards'])} shard(s), "
-        f"{manifest['positions']} positions, {state}"
-    )

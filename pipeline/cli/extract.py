@@ -116,10 +116,10 @@ def extract(
     """
     from pipeline.cli import require_extract_extra
     from pipeline.extract.errors import ExtractError
-    from pipeline.manifest import RunError
+    from pipeline.store.manifest import RunError
 
     require_extract_extra("extract")
-    from pipeline.schema import SchemaVersionError
+    from pipeline.store.schema import SchemaVersionError
 
     try:
         from pipeline.extract.run import run_extraction

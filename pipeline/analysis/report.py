@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
 
-import click
 import numpy as np
 
 from pipeline import PAPER_BINS
-from pipeline.manifest import RunError
-from pipeline.schema import SchemaVersionError
 
 RELIABILITY_BINS = 10
 COLORS = (
@@ -44,15 +40,15 @@ def prepare_run(
 ) -> dict:
     """Everything the figures of one run need (tables aggregated if needed)."""
     from pipeline.aggregate import ensure_tables, load_run_tables
-    from pipeline.commands import _is_run, _run_label
-    from pipeline.metrics import compute_metrics, reliability
+    from pipeline.core.metrics import compute_metrics, reliability
+    from pipeline.store.run import is_run, run_label
 
     run_dir = Path(run_dir)
     tables = load_run_tables(ensure_tables(run_dir, quiet=quiet))
     bins = [m for m in bins if tables.fine_bins % m == 0]
     metrics = compute_metrics(tables, bins)
     return {
-        "label": _run_label(run_dir) if _is_run(run_dir) else run_dir.name,
+        "label": run_label(run_dir) if is_run(run_dir) else run_dir.name,
         "path": str(run_dir),
         "metrics": metrics,
         "reliability": reliability(tables, reliability_bins),
@@ -331,7 +327,7 @@ def _summary(runs: list[dict]) -> str:
 
 
 def write_html(runs: list[dict], figures: list[tuple[str, Path, str]], out_dir: Path) -> Path:
-    from pipeline import atomic
+    from pipeline.store import atomic
 
     sections = []
     for title, png, caption in figures:
@@ -408,7 +404,7 @@ def write_report(run_dirs, out_dir, *, quiet: bool = False) -> Path:
                 "Metrics at M = 10 for each run, in the order given.",
             )
         )
-    from pipeline import atomic
+    from pipeline.store import atomic
 
     summary = [
         {
@@ -419,24 +415,5 @@ def write_report(run_dirs, out_dir, *, quiet: bool = False) -> Path:
         }
         for r in runs
     ]
-    atomic.write_json(out_dir / "metrics.json", json.loads(json.dumps(summary, default=float)))
+    atomic.write_json(out_dir / "metrics.json", summary)
     return write_html(runs, figures, out_dir)
-
-
-@click.command("report")
-@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(path_type=Path),
-    required=True,
-    help="Output directory for the PNG figures and report.html.",
-)
-@click.option("--quiet", is_flag=True, help="No progress bar or notices.")
-def report(run_dirs, out_dir, quiet):
-    """PNG figures and a self-contained HTML page for one or several runs."""
-    try:
-        path = write_report(list(run_dirs), out_dir, quiet=quiet)
-    except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:
-        raise click.ClickException(str(err)) from err
-    click.echo(str(path))

@@ -1,0 +1,1 @@
+"""Stage 3: metrics of runs, comparison of runs, read-only SQL and the report."""

@@ -1,0 +1,111 @@
+"""``fullece compare``: one row per run (training checkpoints, say) and the trend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.analysis.metrics import METRIC_NAMES, METRICS_JSON_VERSION, clean_row, fmt
+from pipeline.store.manifest import RunError
+from pipeline.store.run import is_run, run_label
+
+
+def compare_runs(run_dirs, n_bins: int = 10, *, quiet: bool = False) -> dict:
+    """One row per run (labelled from its manifest) at M = n_bins, and the trend."""
+    from pipeline.aggregate import ensure_tables, load_run_tables
+    from pipeline.core.metrics import metrics_at
+
+    rows = []
+    for run_dir in run_dirs:
+        run_dir = Path(run_dir)
+        tables = load_run_tables(ensure_tables(run_dir, quiet=quiet))
+        if tables.fine_bins % n_bins:
+            raise RunError(f"M={n_bins} must divide the fine grid F={tables.fine_bins}")
+        m = metrics_at(tables, n_bins)
+        rows.append(
+            {
+                "label": run_label(run_dir) if is_run(run_dir) else run_dir.name,
+                "path": str(run_dir),
+                "positions": tables.positions,
+                "vocab_size": tables.vocab_size,
+                "m_exact": tables.m_exact,
+                **clean_row(m),
+            }
+        )
+    return {"schema_version": METRICS_JSON_VERSION, "M": n_bins, "runs": rows, "trend": trend(rows)}
+
+
+def _spearman(values) -> float | None:
+    v = np.asarray(values, np.float64)
+    if v.size < 3 or np.all(v == v[0]):
+        return None
+    r = np.argsort(np.argsort(v)).astype(np.float64)
+    x = np.arange(v.size, dtype=np.float64)
+    return float(np.corrcoef(x, r)[0, 1])
+
+
+def trend(rows: list[dict]) -> dict:
+    """Per metric: first, last, change, step directions and rank correlation with order."""
+    out = {}
+    for key, _ in METRIC_NAMES:
+        vals = [r[key] for r in rows]
+        if not vals:
+            continue
+        steps = np.sign(np.diff(vals)).astype(int).tolist()
+        first, last = vals[0], vals[-1]
+        if len(vals) < 2:
+            direction = "single run"
+        elif all(s < 0 for s in steps):
+            direction = "decreasing"
+        elif all(s > 0 for s in steps):
+            direction = "increasing"
+        elif last < first:
+            direction = "down overall"
+        elif last > first:
+            direction = "up overall"
+        else:
+            direction = "flat"
+        out[key] = {
+            "first": first,
+            "last": last,
+            "change": last - first,
+            # a base at float-rounding level (Full-ECE of a near-uniform model
+            # is 0 by construction) makes a relative change meaningless
+            "relative_change": (last - first) / first
+            if abs(first) > 1e-6 * max(abs(v) for v in vals)
+            else None,
+            "steps": steps,
+            "direction": direction,
+            "spearman": _spearman(vals),
+        }
+    return out
+
+
+def format_compare(result: dict) -> str:
+    rows = result["runs"]
+    w = max([len("run")] + [len(r["label"]) for r in rows])
+    lines = [
+        f"metrics at M = {result['M']}",
+        "",
+        f"{'run':<{w}}  {'N':>10}  {'ECE':>10}  {'cw-ECE':>10}  {'Full-ECE':>10}  exact",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['label']:<{w}}  {r['positions']:>10,}  {fmt(r['ece']):>10}  "
+            f"{fmt(r['cw_ece']):>10}  {fmt(r['full_ece']):>10}  "
+            f"{'yes' if r['exact'] else 'NO'}"
+        )
+    if len(rows) >= 2:
+        lines.append("")
+        lines.append("trend (first -> last run):")
+        for key, name in METRIC_NAMES:
+            t = result["trend"][key]
+            rel = (
+                f" ({t['relative_change'] * 100:+.1f}%)" if t["relative_change"] is not None else ""
+            )
+            rho = f", Spearman {t['spearman']:+.2f}" if t["spearman"] is not None else ""
+            lines.append(
+                f"  {name:<9} {fmt(t['first'])} -> {fmt(t['last'])}{rel}: {t['direction']}{rho}"
+            )
+    return "\n".join(lines)

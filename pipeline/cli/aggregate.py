@@ -1,0 +1,55 @@
+"""``fullece aggregate``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from pipeline import DEFAULT_FINE_BINS
+from pipeline.aggregate import DEFAULT_MEMORY_LIMIT, aggregate
+from pipeline.cli.common import fail
+from pipeline.store.manifest import RunError
+from pipeline.store.schema import SchemaVersionError
+
+
+@click.command("aggregate")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Tables directory (default RUN_DIR/tables; required for several runs).",
+)
+@click.option(
+    "--fine-bins",
+    type=int,
+    default=DEFAULT_FINE_BINS,
+    show_default=True,
+    help="Fine grid F of the tables.",
+)
+@click.option(
+    "--memory-limit",
+    default=DEFAULT_MEMORY_LIMIT,
+    show_default=True,
+    help="DuckDB memory limit (spills to disk beyond it).",
+)
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def aggregate_command(run_dirs, out, fine_bins, memory_limit, quiet):
+    """Build bin tables (class_bins, top1_bins, tokens, seq_bins) from the shards.
+
+    Incremental: each shard's partial tables are kept under
+    RUN_DIR/tables/parts/ and reused while the shard's sha256 is unchanged.
+    """
+    t0 = time.perf_counter()
+    try:
+        out_dir, meta = aggregate(list(run_dirs), out, fine_bins, memory_limit, progress=not quiet)
+    except (RunError, SchemaVersionError, ValueError) as err:
+        fail(err)
+    dt = time.perf_counter() - t0
+    click.echo(
+        f"{out_dir}: {meta['positions']:,} positions, K={meta['vocab_size']:,}, "
+        f"F={meta['fine_bins']}, M_exact={meta['m_exact'] if meta['m_exact'] is not None else 'all'} "
+        f"({dt:.1f} s)"
+    )

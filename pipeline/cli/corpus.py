@@ -1,0 +1,31 @@
+"""``fullece corpus``: build the default corpus offline."""
+
+from __future__ import annotations
+
+import click
+
+from pipeline.demo.corpus import build_default_corpus, describe
+
+
+@click.command("corpus")
+@click.option(
+    "--out",
+    "out_dir",
+    default="data/corpus",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Directory for train.txt, test.txt, corpus.json.",
+)
+@click.option("--force", is_flag=True, help="Rebuild even when an intact corpus is there.")
+def corpus(out_dir, force):
+    """Build the default corpus offline from the standard library's documentation.
+
+    Docstrings (read with ast, nothing imported) and pydoc_data.topics are
+    cleaned into prose paragraphs, deduplicated and split by a hash of each
+    paragraph into train.txt and test.txt (about 10%), one document per line.
+    corpus.json records the Python version and the files' sha256.
+    """
+    info = build_default_corpus(out_dir, force=force)
+    state = "up to date" if info["skipped"] else f"built in {info['build_seconds']}s"
+    click.echo(f"{describe(info)} [{state}]")
+    click.echo(f"  {info['train_path']}\n  {info['test_path']}")

@@ -1,0 +1,75 @@
+"""``fullece metrics`` and ``fullece compare``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pipeline import PAPER_BINS
+from pipeline.analysis.compare import compare_runs, format_compare
+from pipeline.analysis.metrics import format_metrics, metrics_for_run, parse_bins
+from pipeline.cli.common import dumps_json, fail
+from pipeline.store.manifest import RunError
+from pipeline.store.schema import SchemaVersionError
+
+
+@click.command("metrics")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--bins",
+    "bins",
+    default=",".join(map(str, PAPER_BINS)),
+    show_default=True,
+    help="Comma-separated M values.",
+)
+@click.option(
+    "--bootstrap",
+    "replicates",
+    type=int,
+    default=0,
+    help="Add 95% intervals for ECE and Full-ECE from B replicates over sequences.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object (schemas/metrics.v1.schema.json).",
+)
+@click.option("--quiet", is_flag=True, help="No progress bar or notices.")
+def metrics(run_dir, bins, replicates, seed, as_json, quiet):
+    """ECE, cw-ECE and Full-ECE of a run at each M, their RSD, token frequencies."""
+    try:
+        bins = parse_bins(bins)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--bins") from err
+    try:
+        result = metrics_for_run(
+            run_dir, bins, bootstrap_replicates=replicates, seed=seed, quiet=quiet
+        )
+    except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:
+        fail(err)
+    if as_json:
+        click.echo(dumps_json(result))
+    else:
+        click.echo(format_metrics(result))
+
+
+@click.command("compare")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "-M", "--bins", "n_bins", type=int, default=10, show_default=True, help="Number of bins M."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+@click.option("--quiet", is_flag=True, help="No progress bar or notices.")
+def compare(run_dirs, n_bins, as_json, quiet):
+    """Compare runs (training checkpoints, say): one row each and the trend."""
+    try:
+        result = compare_runs(list(run_dirs), n_bins, quiet=quiet)
+    except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:
+        fail(err)
+    if as_json:
+        click.echo(dumps_json(result))
+    else:
+        click.echo(format_compare(result))

@@ -1,0 +1,550 @@
+"""Streaming accumulation of the bin tables (DESIGN §3) from chunks of data.
+
+Two kinds of chunk feed the same tables:
+
+* dense: probabilities or logits ``[n, K]`` (numpy; torch tensors are reduced
+  on their own device). Every pair with p <= 1/F is in fine bin 1, so bin 1
+  needs only column sums; the few pairs above 1/F are found with one float32
+  comparison against an exact threshold and binned sparsely (DESIGN §4).
+* kept + tail: per position the kept ids/probabilities (the label among
+  them) and tail count/mass/max, plus per-class tail vectors, which enter
+  fine bin 1 (exact while tail_max <= 1/M; see ``BinTables.m_exact``).
+
+Memory is O(K + sparse table + one block), never O(N x K).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline import DEFAULT_FINE_BINS
+from pipeline.core.binning import bin1_threshold, check_n_bins, fine_bin_index
+from pipeline.core.checks import (
+    InputError,
+    check_labels,
+    check_prob_matrix_shape,
+    check_row_sums,
+    check_value_range,
+    is_torch_tensor,
+    to_numpy,
+)
+from pipeline.core.tables import CLASS_BIN_VALUES, SEQ_BIN_VALUES, BinTables, SparseBins
+
+# Rows per block: keeps a block's temporaries near L2/L3 size so the several
+# reductions over it re-read cache, not memory.
+_BLOCK_BYTES = 4 << 20
+_COMPACT_ROWS = 4_000_000  # sparse parts are group-summed past this many rows
+
+
+@dataclass
+class _DenseSummary:
+    """What one dense block reduces to (all numpy, small except col_sums [K])."""
+
+    row_sums: np.ndarray  # [b]; float64 when seq_bins need them
+    col_sums: np.ndarray  # float64 [K]
+    rows: np.ndarray  # int64 [nnz] entries above the bin-1 threshold
+    cols: np.ndarray  # int64 [nnz]
+    vals: np.ndarray  # float32 [nnz]
+    min_value: float
+    label_probs: np.ndarray  # float32 [b]
+    top1_id: np.ndarray  # int64 [b], argmax: first index among ties
+    top1_prob: np.ndarray  # float32 [b]
+
+
+def _summarise_numpy(p, labels, threshold, exact_row_sums) -> _DenseSummary:
+    b, k = p.shape
+    flat = np.flatnonzero(p > threshold)
+    rows, cols = np.divmod(flat, k)
+    top1 = p.argmax(axis=1)
+    return _DenseSummary(
+        # float32 row sums suffice to validate rows; seq_bins needs them exact
+        row_sums=p.sum(axis=1, dtype=np.float64 if exact_row_sums else np.float32),
+        col_sums=p.sum(axis=0, dtype=np.float64),
+        rows=rows,
+        cols=cols,
+        vals=p.ravel()[flat],
+        min_value=float(p.min()),
+        label_probs=p[np.arange(b), labels],
+        top1_id=top1,
+        top1_prob=p[np.arange(b), top1],
+    )
+
+
+def _summarise_torch(p, labels, threshold, exact_row_sums) -> _DenseSummary:
+    import torch  # only reached with a torch tensor in hand
+
+    b, k = p.shape
+    lab = torch.as_tensor(labels, device=p.device)
+    big = p > float(threshold)
+    rows, cols = big.nonzero(as_tuple=True)
+    top1 = p.argmax(dim=1)  # first maximal index, as numpy
+    arange = torch.arange(b, device=p.device)
+    return _DenseSummary(
+        row_sums=p.sum(dim=1, dtype=torch.float64 if exact_row_sums else torch.float32)
+        .cpu()
+        .numpy()
+        .astype(np.float64),
+        col_sums=p.sum(dim=0, dtype=torch.float64).cpu().numpy(),
+        rows=rows.cpu().numpy().astype(np.int64),
+        cols=cols.cpu().numpy().astype(np.int64),
+        vals=p[rows, cols].cpu().numpy(),
+        min_value=float(p.min()),
+        label_probs=p[arange, lab].cpu().numpy(),
+        top1_id=top1.cpu().numpy().astype(np.int64),
+        top1_prob=p[arange, top1].cpu().numpy(),
+    )
+
+
+def _softmax_of_record(logits, logsumexp=None):
+    """float32 probabilities of record from logits: exp(float32(x) - lse)."""
+    if is_torch_tensor(logits):
+        import torch
+
+        x = logits.float()
+        lse = (
+            torch.logsumexp(x, dim=1)
+            if logsumexp is None
+            else torch.as_tensor(logsumexp, device=x.device, dtype=torch.float32)
+        )
+        if not torch.isfinite(lse).all():
+            bad = int((~torch.isfinite(lse)).nonzero()[0, 0])
+            raise InputError(f"logits of row {bad} contain NaN or inf")
+        return torch.exp(x - lse[:, None])
+    x = np.asarray(logits).astype(np.float32, copy=False)
+    if logsumexp is None:
+        m = x.max(axis=1)
+        if not np.isfinite(m).all():
+            bad = int(np.flatnonzero(~np.isfinite(m))[0])
+            raise InputError(f"logits of row {bad} contain NaN or inf")
+        s = np.exp(x - m[:, None]).sum(axis=1, dtype=np.float64)
+        lse = (m.astype(np.float64) + np.log(s)).astype(np.float32)
+    else:
+        lse = np.asarray(logsumexp, dtype=np.float32)
+    if not np.isfinite(lse).all():
+        bad = int(np.flatnonzero(~np.isfinite(lse))[0])
+        raise InputError(f"logits of row {bad} contain NaN or inf")
+    return np.exp(x - lse[:, None])
+
+
+def _first_max_per_row(offsets, ids, vals):
+    """Per row of a flat list layout: the largest value, lowest id among ties."""
+    starts = offsets[:-1]
+    row_max = np.maximum.reduceat(vals, starts)
+    rows = np.repeat(np.arange(starts.size), np.diff(offsets))
+    candidate = np.where(vals == row_max[rows], ids, np.iinfo(np.int64).max)
+    top1 = np.minimum.reduceat(candidate, starts)
+    return top1, row_max
+
+
+def _check_no_duplicates(rows, ids, vocab_size, row_offset):
+    """A kept id twice in one row would count its pair twice."""
+    if ids.size < 2:
+        return
+    same_row = rows[1:] == rows[:-1]
+    if np.all(ids[1:][same_row] > ids[:-1][same_row]):
+        return  # ascending within rows (as extraction writes them): no duplicates
+    key = np.sort(rows * vocab_size + ids)
+    dup = np.flatnonzero(key[1:] == key[:-1])
+    if dup.size:
+        key = key[dup[0]]
+        raise InputError(
+            f"row {row_offset + key // vocab_size}: kept id {key % vocab_size} appears twice"
+        )
+
+
+class CalibrationAccumulator:
+    """Accumulates class_bins, top1_bins, tokens and seq_bins at F fine bins.
+
+    >>> acc = CalibrationAccumulator(vocab_size=K)          # doctest: +SKIP
+    >>> for probs, labels in chunks: acc.update(probs, labels)
+    >>> tables = acc.compute(); metrics_at(tables, 10)
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        fine_bins: int = DEFAULT_FINE_BINS,
+        *,
+        row_sum_atol: float = 1e-3,
+        check_rows: bool = True,
+    ):
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        self.vocab_size = int(vocab_size)
+        self.fine_bins = check_n_bins(fine_bins)
+        self.row_sum_atol = row_sum_atol
+        self.check_rows = check_rows
+        self._threshold = bin1_threshold(self.fine_bins)
+        k, f = self.vocab_size, self.fine_bins
+        self.positions = 0
+        self.tail_max = 0.0
+        # class_bins at fine bin 1, dense over classes (every class has pairs there)
+        self._bin1_n = np.zeros(k, np.int64)
+        self._bin1_p_sum = np.zeros(k, np.float64)
+        self._bin1_hits = np.zeros(k, np.int64)
+        self._class_parts: list[SparseBins] = []  # any bin, summed at compute()
+        self._seq_parts: list[SparseBins] = []
+        self._top1_n = np.zeros(f, np.int64)
+        self._top1_conf_sum = np.zeros(f, np.float64)
+        self._top1_correct = np.zeros(f, np.int64)
+        self._label_count = np.zeros(k, np.int64)
+        self._top1_count = np.zeros(k, np.int64)
+        self._p_mass = np.zeros(k, np.float64)
+        self._position_tail_count = 0  # tail pairs announced per position ...
+        self._class_tail_count = 0  # ... and per class: they must agree
+        self.sources: list = []
+
+    # ------------------------------------------------------------------ dense
+
+    def update(self, probs, labels, seq_ids=None) -> None:
+        """Add dense probabilities ``[n, K]`` (rows summing to 1) and labels ``[n]``."""
+        self._update_dense(probs, labels, seq_ids, from_logits=False, logsumexp=None)
+
+    def update_logits(self, logits, labels, seq_ids=None, *, logsumexp=None) -> None:
+        """Add dense logits ``[n, K]``; probabilities of record are
+        float32 ``exp(logit - logsumexp)`` (logsumexp computed if not given)."""
+        self._update_dense(logits, labels, seq_ids, from_logits=True, logsumexp=logsumexp)
+
+    def _update_dense(self, data, labels, seq_ids, *, from_logits, logsumexp):
+        n, k = check_prob_matrix_shape(data)
+        if k != self.vocab_size:
+            raise InputError(f"expected K={self.vocab_size} columns, got {k}")
+        labels = check_labels(labels, n, k, row_offset=self.positions)
+        seq_ids = None if seq_ids is None else self._check_seq_ids(seq_ids, n)
+        block = max(1, _BLOCK_BYTES // (4 * k))
+        torch_input = is_torch_tensor(data)
+        if not torch_input:
+            data = np.asarray(data)
+            if not from_logits and data.dtype != np.float32:
+                data = data.astype(np.float32)  # the probability of record
+        for start in range(0, n, block):
+            stop = min(start + block, n)
+            chunk = data[start:stop]
+            lse = None if logsumexp is None else to_numpy(logsumexp)[start:stop]
+            if from_logits:
+                try:
+                    chunk = _softmax_of_record(chunk, lse)
+                except InputError as err:
+                    raise InputError(f"{err} (row offset {self.positions})") from None
+            elif torch_input:
+                chunk = chunk.float()
+            else:
+                chunk = np.ascontiguousarray(chunk)
+            summarise = _summarise_torch if torch_input else _summarise_numpy
+            lab = labels[start:stop]
+            summary = summarise(chunk, lab, self._threshold, seq_ids is not None)
+            self._fold_dense(summary, lab, None if seq_ids is None else seq_ids[start:stop])
+
+    def _fold_dense(self, s: _DenseSummary, labels: np.ndarray, seq_ids) -> None:
+        b, k, f = labels.size, self.vocab_size, self.fine_bins
+        if self.check_rows:
+            check_row_sums(s.row_sums, row_offset=self.positions, atol=self.row_sum_atol)
+        check_value_range(s.min_value, float(s.vals.max()) if s.vals.size else 0.0)
+        vals64 = s.vals.astype(np.float64)
+        big_count = np.bincount(s.cols, minlength=k)
+        big_sum = np.bincount(s.cols, weights=vals64, minlength=k)
+        label_in_bin1 = s.label_probs <= self._threshold
+        self._bin1_n += b - big_count
+        self._bin1_p_sum += s.col_sums - big_sum
+        self._bin1_hits += np.bincount(labels[label_in_bin1], minlength=k)
+        fine = fine_bin_index(s.vals, f)
+        hit = (s.cols == labels[s.rows]).astype(np.int64)
+        self._add_class_part(s.cols, fine, np.ones_like(hit), vals64, hit)
+
+        top1_id, top1_prob = s.top1_id, s.top1_prob
+        self._add_top1(top1_id, top1_prob, labels)
+        self._label_count += np.bincount(labels, minlength=k)
+        self._p_mass += s.col_sums
+
+        if seq_ids is not None:
+            big_rows_count = np.bincount(s.rows, minlength=b)
+            big_rows_sum = np.bincount(s.rows, weights=vals64, minlength=b)
+            self._add_seq_parts(
+                seq_ids,
+                entry_rows=np.r_[np.arange(b), s.rows],
+                entry_bins=np.r_[np.ones(b, np.int32), fine],
+                entry_n=np.r_[k - big_rows_count, np.ones(s.rows.size, np.int64)],
+                entry_p=np.r_[s.row_sums - big_rows_sum, vals64],
+                entry_hits=np.r_[label_in_bin1.astype(np.int64), hit],
+                top1_prob=top1_prob,
+                correct=(top1_id == labels),
+            )
+        self.positions += b
+
+    # ------------------------------------------------------------ kept + tail
+
+    def update_kept(
+        self,
+        kept_ids,
+        kept_probs,
+        labels,
+        tail_count,
+        tail_mass,
+        tail_max,
+        *,
+        row_offsets=None,
+        top1_ids=None,
+        top1_probs=None,
+        seq_ids=None,
+    ) -> None:
+        """Add positions stored as kept entries + tail summary (DESIGN §2).
+
+        kept_ids/kept_probs are ``[n, k]`` or flat with ``row_offsets`` (n+1
+        Arrow-style offsets). The label must be among each row's kept ids.
+        The per-class tail vectors of the same positions go to
+        :meth:`add_class_tail`.
+        """
+        k, f = self.vocab_size, self.fine_bins
+        ids = to_numpy(kept_ids)
+        vals = to_numpy(kept_probs).astype(np.float32, copy=False)
+        if row_offsets is None:
+            if ids.ndim != 2 or vals.shape != ids.shape:
+                raise InputError(
+                    f"kept_ids/kept_probs must be [n, k] of one shape (got {ids.shape} and "
+                    f"{vals.shape}), or flat with row_offsets"
+                )
+            n, width = ids.shape
+            offsets = np.arange(0, n * width + 1, width or 1, dtype=np.int64)[: n + 1]
+            ids, vals = ids.ravel(), vals.ravel()
+        else:
+            offsets = to_numpy(row_offsets).astype(np.int64)
+            n = offsets.size - 1
+            if ids.shape != vals.shape or ids.ndim != 1 or offsets[-1] - offsets[0] != ids.size:
+                raise InputError("row_offsets do not match the flat kept_ids/kept_probs")
+            ids, vals = ids, vals
+            offsets = offsets - offsets[0]
+        if n <= 0:
+            raise InputError("empty input: no positions")
+        labels = check_labels(labels, n, k, row_offset=self.positions)
+        ids = ids.astype(np.int64, copy=False)
+        counts = np.diff(offsets)
+        rows = np.repeat(np.arange(n), counts)
+        bad = np.flatnonzero((ids < 0) | (ids >= k))
+        if bad.size:
+            raise InputError(
+                f"kept id {ids[bad[0]]} at row {self.positions + rows[bad[0]]} is outside [0, {k})"
+            )
+        if not np.isfinite(vals).all():
+            i = rows[np.flatnonzero(~np.isfinite(vals))[0]]
+            raise InputError(f"kept probabilities of row {self.positions + i} contain NaN or inf")
+        if vals.size:
+            check_value_range(float(vals.min()), float(vals.max()), where="kept probabilities")
+        _check_no_duplicates(rows, ids, k, self.positions)
+        hit = (ids == labels[rows]).astype(np.int64)
+        hits_per_row = np.bincount(rows, weights=hit, minlength=n)
+        missing = np.flatnonzero(hits_per_row != 1)
+        if missing.size:
+            i = int(missing[0])
+            raise InputError(
+                f"row {self.positions + i}: the label {labels[i]} is not among the kept ids "
+                "(the label must always be kept)"
+            )
+        tail_count = to_numpy(tail_count).astype(np.int64)
+        tail_mass = to_numpy(tail_mass).astype(np.float64)
+        tail_max = to_numpy(tail_max).astype(np.float32)
+        for name, arr in (
+            ("tail_count", tail_count),
+            ("tail_mass", tail_mass),
+            ("tail_max", tail_max),
+        ):
+            if arr.shape != (n,):
+                raise InputError(f"{name} must be [n] = [{n}], got shape {arr.shape}")
+        wrong = np.flatnonzero(counts + tail_count != k)
+        if wrong.size:
+            i = int(wrong[0])
+            raise InputError(
+                f"row {self.positions + i}: {counts[i]} kept + {tail_count[i]} tail entries "
+                f"!= K = {k}"
+            )
+        if not (np.isfinite(tail_mass).all() and np.isfinite(tail_max).all()):
+            raise InputError("tail_mass/tail_max contain NaN or inf")
+        if (tail_mass < 0).any() or (tail_max < 0).any():
+            raise InputError("tail_mass/tail_max must be >= 0")
+
+        vals64 = vals.astype(np.float64)
+        fine = fine_bin_index(vals, f)
+        in_bin1 = fine == 1  # dense per-class vectors: no grouping needed
+        self._bin1_n += np.bincount(ids[in_bin1], minlength=k)
+        self._bin1_p_sum += np.bincount(ids[in_bin1], weights=vals64[in_bin1], minlength=k)
+        self._bin1_hits += np.bincount(ids[in_bin1], weights=hit[in_bin1], minlength=k).astype(
+            np.int64
+        )
+        above = ~in_bin1
+        self._add_class_part(
+            ids[above], fine[above], np.ones(int(above.sum()), np.int64), vals64[above], hit[above]
+        )
+        if top1_ids is None:
+            top1_id, top1_prob = _first_max_per_row(offsets, ids, vals)
+        else:
+            top1_id = check_labels(top1_ids, n, k, row_offset=self.positions)
+            top1_prob = to_numpy(top1_probs).astype(np.float32)
+        self._add_top1(top1_id, top1_prob, labels)
+        self._label_count += np.bincount(labels, minlength=k)
+        self._p_mass += np.bincount(ids, weights=vals64, minlength=k)
+        self._position_tail_count += int(tail_count.sum())
+        if n:
+            self.tail_max = max(self.tail_max, float(tail_max.max()))
+        if seq_ids is not None:
+            seq_ids = self._check_seq_ids(seq_ids, n)
+            self._add_seq_parts(
+                seq_ids,
+                entry_rows=np.r_[rows, np.arange(n)],
+                entry_bins=np.r_[fine, np.ones(n, np.int32)],
+                entry_n=np.r_[np.ones(rows.size, np.int64), tail_count],
+                entry_p=np.r_[vals64, tail_mass],
+                entry_hits=np.r_[hit, np.zeros(n, np.int64)],
+                top1_prob=top1_prob,
+                correct=(top1_id == labels),
+            )
+        self.positions += n
+
+    def add_class_tail(self, tail_count, tail_mass, class_ids=None) -> None:
+        """Per-class tail pairs (count, float64 mass), summed over positions;
+        they enter fine bin 1 of class_bins (with no hits: labels are kept)."""
+        tail_count = to_numpy(tail_count).astype(np.int64)
+        tail_mass = to_numpy(tail_mass).astype(np.float64)
+        if class_ids is None:
+            if tail_count.shape != (self.vocab_size,) or tail_mass.shape != (self.vocab_size,):
+                raise InputError(f"class tail vectors must be [K] = [{self.vocab_size}]")
+            class_ids = np.arange(self.vocab_size)
+        class_ids = to_numpy(class_ids).astype(np.int64)
+        if class_ids.size and (class_ids.min() < 0 or class_ids.max() >= self.vocab_size):
+            raise InputError(f"class tail: class id outside [0, {self.vocab_size})")
+        if (tail_count < 0).any() or (tail_mass < 0).any() or not np.isfinite(tail_mass).all():
+            raise InputError("class tail counts and masses must be finite and >= 0")
+        np.add.at(self._bin1_n, class_ids, tail_count)
+        np.add.at(self._bin1_p_sum, class_ids, tail_mass)
+        np.add.at(self._p_mass, class_ids, tail_mass)
+        self._class_tail_count += int(tail_count.sum())
+
+    # --------------------------------------------------------------- helpers
+
+    def _check_seq_ids(self, seq_ids, n):
+        seq_ids = to_numpy(seq_ids)
+        if seq_ids.shape != (n,):
+            raise InputError(f"seq_ids must be [n] = [{n}], got shape {seq_ids.shape}")
+        return seq_ids.astype(np.int64)
+
+    def _add_class_part(self, ids, bins, n, p_sum, hits):
+        # raw (ungrouped) rows; grouped in bulk, which is far cheaper per row
+        self._class_parts.append(
+            SparseBins(
+                np.asarray(ids, np.int64),
+                np.asarray(bins, np.int32),
+                {"n": n, "p_sum": p_sum, "hits": hits},
+            )
+        )
+        self._class_parts = self._compact(self._class_parts)
+
+    def _compact(self, parts: list[SparseBins]) -> list[SparseBins]:
+        """Group-sum raw parts once they outgrow the grouped head (parts[0]),
+        so each row is re-grouped O(log) times, not once per chunk."""
+        pending = sum(len(p) for p in parts[1:])
+        if len(parts) > 1 and pending > max(_COMPACT_ROWS, len(parts[0])):
+            return [SparseBins.concat(parts, self.fine_bins + 1, group_single=True)]
+        return parts
+
+    def _add_top1(self, top1_id, top1_prob, labels):
+        f = self.fine_bins
+        tb = fine_bin_index(top1_prob, f) - 1
+        self._top1_n += np.bincount(tb, minlength=f)
+        self._top1_conf_sum += np.bincount(tb, weights=top1_prob.astype(np.float64), minlength=f)
+        self._top1_correct += np.bincount(tb, weights=(top1_id == labels), minlength=f).astype(
+            np.int64
+        )
+        self._top1_count += np.bincount(top1_id, minlength=self.vocab_size)
+
+    def _add_seq_parts(
+        self, seq_ids, *, entry_rows, entry_bins, entry_n, entry_p, entry_hits, top1_prob, correct
+    ):
+        b = seq_ids.size
+        keep = entry_n > 0  # a row whose K pairs are all above bin 1 has no bin-1 entry
+        entry_rows, entry_bins, entry_n, entry_p, entry_hits = (
+            entry_rows[keep],
+            entry_bins[keep],
+            entry_n[keep],
+            entry_p[keep],
+            entry_hits[keep],
+        )
+        m = entry_rows.size
+        zeros_i, zeros_f = np.zeros(m, np.int64), np.zeros(m, np.float64)
+        part = SparseBins(
+            np.r_[seq_ids[entry_rows], seq_ids].astype(np.int64),
+            np.r_[entry_bins, fine_bin_index(top1_prob, self.fine_bins)].astype(np.int32),
+            {
+                "n": np.r_[entry_n, np.zeros(b, np.int64)],
+                "p_sum": np.r_[entry_p, np.zeros(b)],
+                "hits": np.r_[entry_hits, np.zeros(b, np.int64)],
+                "top1_n": np.r_[zeros_i, np.ones(b, np.int64)],
+                "conf_sum": np.r_[zeros_f, top1_prob.astype(np.float64)],
+                "correct": np.r_[zeros_i, correct.astype(np.int64)],
+            },
+        )
+        self._seq_parts.append(part)
+        self._seq_parts = self._compact(self._seq_parts)
+
+    # ---------------------------------------------------------------- results
+
+    def compute(self) -> BinTables:
+        """The accumulated tables (the accumulator stays usable)."""
+        if self._class_tail_count != self._position_tail_count:
+            raise InputError(
+                f"per-position tail counts sum to {self._position_tail_count} but the per-class "
+                f"tail vectors to {self._class_tail_count}: add_class_tail() must receive the "
+                "class tail vectors of exactly the positions given to update_kept()"
+            )
+        stride = self.fine_bins + 1
+        present = np.flatnonzero(self._bin1_n)
+        bin1 = SparseBins(
+            present.astype(np.int64),
+            np.ones(present.size, np.int32),
+            {
+                "n": self._bin1_n[present],
+                "p_sum": self._bin1_p_sum[present],
+                "hits": self._bin1_hits[present],
+            },
+        )
+        class_bins = SparseBins.concat([bin1, *self._class_parts], stride, group_single=True)
+        seq_bins = SparseBins.concat(self._seq_parts, stride, group_single=True)
+        return BinTables(
+            fine_bins=self.fine_bins,
+            vocab_size=self.vocab_size,
+            positions=self.positions,
+            tail_max=self.tail_max,
+            class_bins=class_bins or SparseBins.empty(CLASS_BIN_VALUES),
+            top1_n=self._top1_n.copy(),
+            top1_conf_sum=self._top1_conf_sum.copy(),
+            top1_correct=self._top1_correct.copy(),
+            label_count=self._label_count.copy(),
+            top1_count=self._top1_count.copy(),
+            p_mass=self._p_mass.copy(),
+            seq_bins=seq_bins or SparseBins.empty(SEQ_BIN_VALUES),
+            sources=list(self.sources),
+        )
+
+    def merge(self, other: CalibrationAccumulator) -> CalibrationAccumulator:
+        """Fold another accumulator's state into this one (same K and F)."""
+        if (other.vocab_size, other.fine_bins) != (self.vocab_size, self.fine_bins):
+            raise ValueError("cannot merge accumulators of different K or F")
+        for name in (
+            "_bin1_n",
+            "_bin1_p_sum",
+            "_bin1_hits",
+            "_top1_n",
+            "_top1_conf_sum",
+            "_top1_correct",
+            "_label_count",
+            "_top1_count",
+            "_p_mass",
+        ):
+            getattr(self, name).__iadd__(getattr(other, name))
+        self._class_parts += other._class_parts
+        self._seq_parts += other._seq_parts
+        self.positions += other.positions
+        self.tail_max = max(self.tail_max, other.tail_max)
+        self._position_tail_count += other._position_tail_count
+        self._class_tail_count += other._class_tail_count
+        self.sources += other.sources
+        return self

@@ -1,0 +1,223 @@
+"""Calibration metrics: one formula each, from bin tables or straight from arrays.
+
+Formulas (DESIGN §1), with N positions, K classes, M bins:
+
+* ECE      = (1/N)     sum_m | correct_m - conf_sum_m |          (top-1)
+* cw-ECE   = (1/(N K)) sum_k sum_m | hits_mk - p_sum_mk |        (all K classes)
+* Full-ECE = (1/N)     sum_m | sum_k hits_mk - sum_k p_sum_mk |
+
+The functional API (``ece``, ``classwise_ece``, ``full_ece``) takes
+``probs, labels`` (numpy arrays or torch tensors) and returns a float.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline import PAPER_BINS
+from pipeline.core.binning import check_n_bins, coarsen_bins, is_exact
+from pipeline.core.tables import BinTables
+
+__all__ = [
+    "ece_formula",
+    "classwise_ece_formula",
+    "full_ece_formula",
+    "rsd",
+    "top1_by_bin",
+    "pooled_by_bin",
+    "metrics_at",
+    "token_frequency",
+    "compute_metrics",
+    "reliability",
+    "ece",
+    "classwise_ece",
+    "full_ece",
+    "calibration_errors",
+    "FREQUENCY_BUCKETS",
+]
+
+FREQUENCY_BUCKETS = (("0", 0, 0), ("1-10", 1, 10), ("11-100", 11, 100), (">100", 101, None))
+
+
+# ---- the formulas ------------------------------------------------------------
+# Bins are the last axis; leading axes (bootstrap replicates, say) broadcast
+# with `positions`.
+
+
+def ece_formula(correct_by_bin, conf_sum_by_bin, positions):
+    return np.abs(np.asarray(correct_by_bin) - conf_sum_by_bin).sum(axis=-1) / positions
+
+
+def classwise_ece_formula(hits, p_sum, positions: int, vocab_size: int) -> float:
+    """hits/p_sum over every (class, bin) cell present; absent cells add 0."""
+    return float(np.abs(np.asarray(hits) - p_sum).sum() / (positions * vocab_size))
+
+
+def full_ece_formula(hits_by_bin, p_sum_by_bin, positions):
+    return np.abs(np.asarray(hits_by_bin) - p_sum_by_bin).sum(axis=-1) / positions
+
+
+def rsd(values) -> float:
+    """Relative standard deviation in percent: sample std (n-1) / mean * 100."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size < 2:
+        raise ValueError("RSD needs at least two values")
+    mean = values.mean()
+    return float(values.std(ddof=1) / mean * 100.0) if mean != 0 else float("nan")
+
+
+# ---- from tables --------------------------------------------------------------
+
+
+def _check_tables(tables: BinTables) -> None:
+    if tables.positions <= 0:
+        raise ValueError("the tables hold no positions")
+
+
+def _coarse_of_fine(tables: BinTables, n_bins: int) -> np.ndarray:
+    """Coarse bin (1-based) of each fine bin 1..F."""
+    return coarsen_bins(np.arange(1, tables.fine_bins + 1), tables.fine_bins, n_bins)
+
+
+def top1_by_bin(tables: BinTables, n_bins: int):
+    coarse = _coarse_of_fine(tables, n_bins) - 1
+    n = np.bincount(coarse, weights=tables.top1_n, minlength=n_bins)
+    conf = np.bincount(coarse, weights=tables.top1_conf_sum, minlength=n_bins)
+    correct = np.bincount(coarse, weights=tables.top1_correct, minlength=n_bins)
+    return n, conf, correct
+
+
+def pooled_by_bin(tables: BinTables, n_bins: int):
+    """Pairs, summed probability and hits per coarse bin, pooled over classes."""
+    cb = tables.class_bins
+    coarse = coarsen_bins(cb.bins, tables.fine_bins, n_bins) - 1
+    n = np.bincount(coarse, weights=cb.values["n"], minlength=n_bins)
+    p_sum = np.bincount(coarse, weights=cb.values["p_sum"], minlength=n_bins)
+    hits = np.bincount(coarse, weights=cb.values["hits"], minlength=n_bins)
+    return n, p_sum, hits
+
+
+def metrics_at(tables: BinTables, n_bins: int) -> dict:
+    """ECE, cw-ECE and Full-ECE at M = n_bins (M must divide the fine grid)."""
+    _check_tables(tables)
+    n_bins = check_n_bins(n_bins)
+    _, conf, correct = top1_by_bin(tables, n_bins)
+    _, p_sum, hits = pooled_by_bin(tables, n_bins)
+    per_class = tables.class_bins.coarsen(tables.fine_bins, n_bins)
+    return {
+        "M": n_bins,
+        "ece": float(ece_formula(correct, conf, tables.positions)),
+        "cw_ece": classwise_ece_formula(
+            per_class.values["hits"], per_class.values["p_sum"], tables.positions, tables.vocab_size
+        ),
+        "full_ece": float(full_ece_formula(hits, p_sum, tables.positions)),
+        "exact": is_exact(n_bins, tables.m_exact),
+    }
+
+
+def token_frequency(tables: BinTables) -> dict:
+    """How often each of the K vocabulary entries occurs as a label."""
+    counts = tables.label_count
+    k = tables.vocab_size
+    buckets = []
+    for name, lo, hi in FREQUENCY_BUCKETS:
+        mask = counts >= lo if hi is None else (counts >= lo) & (counts <= hi)
+        classes = int(mask.sum())
+        buckets.append(
+            {"range": name, "min": lo, "max": hi, "classes": classes, "share": classes / k}
+        )
+    return {
+        "vocab_size": k,
+        "distinct_labels": int((counts > 0).sum()),
+        "buckets": buckets,
+    }
+
+
+def compute_metrics(tables: BinTables, bins=PAPER_BINS) -> dict:
+    """Everything `fullece metrics` reports, as a JSON-ready dict."""
+    bins = [check_n_bins(m) for m in bins]
+    rows = [metrics_at(tables, m) for m in bins]
+    result = {
+        "positions": tables.positions,
+        "vocab_size": tables.vocab_size,
+        "fine_bins": tables.fine_bins,
+        "m_exact": tables.m_exact,
+        "tail_max": tables.tail_max,
+        "bins": rows,
+        "rsd": None,
+        "token_frequency": token_frequency(tables),
+    }
+    if len(rows) >= 2:
+        result["rsd"] = {
+            "bins": bins,
+            "ece": rsd([r["ece"] for r in rows]),
+            "cw_ece": rsd([r["cw_ece"] for r in rows]),
+            "full_ece": rsd([r["full_ece"] for r in rows]),
+        }
+    return result
+
+
+def reliability(tables: BinTables, n_bins: int = 10) -> dict:
+    """Reliability-diagram data (prepare_* style: data only, no drawing).
+
+    For top-1 and for the full distribution pooled over classes: per bin the
+    count, mean predicted probability and observed frequency (NaN when empty).
+    """
+    _check_tables(tables)
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+
+    def describe(n, p_sum, hits):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return {
+                "count": n,
+                "mean_prob": np.where(n > 0, p_sum / n, np.nan),
+                "frequency": np.where(n > 0, hits / n, np.nan),
+                "gap_mass": (hits - p_sum) / tables.positions,
+            }
+
+    n1, conf, correct = top1_by_bin(tables, n_bins)
+    nf, p_sum, hits = pooled_by_bin(tables, n_bins)
+    return {
+        "n_bins": n_bins,
+        "edges": edges,
+        "positions": tables.positions,
+        "top1": describe(n1, conf, correct),
+        "full": describe(nf, p_sum, hits),
+    }
+
+
+# ---- functional API on arrays ----------------------------------------------
+
+
+def _tables_of(probs, labels, n_bins: int) -> BinTables:
+    from pipeline.core.accumulator import CalibrationAccumulator
+
+    n_bins = check_n_bins(n_bins)
+    shape = tuple(probs.shape)
+    if len(shape) != 2:
+        from pipeline.core.checks import InputError
+
+        raise InputError(f"probabilities must be 2-D [n, K], got shape {shape}")
+    acc = CalibrationAccumulator(vocab_size=shape[1], fine_bins=n_bins)
+    acc.update(probs, labels)
+    return acc.compute()
+
+
+def ece(probs, labels, n_bins: int = 10) -> float:
+    """Top-1 expected calibration error, bins ((m-1)/M, m/M]."""
+    return metrics_at(_tables_of(probs, labels, n_bins), n_bins)["ece"]
+
+
+def classwise_ece(probs, labels, n_bins: int = 10) -> float:
+    """Classwise ECE over all K classes (never-seen ones included)."""
+    return metrics_at(_tables_of(probs, labels, n_bins), n_bins)["cw_ece"]
+
+
+def full_ece(probs, labels, n_bins: int = 10) -> float:
+    """Full-ECE: every (position, class) probability, pooled into M bins."""
+    return metrics_at(_tables_of(probs, labels, n_bins), n_bins)["full_ece"]
+
+
+def calibration_errors(probs, labels, n_bins: int = 10) -> dict:
+    """All three metrics from one pass over the data."""
+    return metrics_at(_tables_of(probs, labels, n_bins), n_bins)

@@ -1,0 +1,28 @@
+"""JSON out of numbers: NaN/inf become null (JSON has no NaN), numpy scalars
+become Python ones. The one sanitiser every JSON writer of the project uses."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+
+def json_safe(x):
+    """A copy of `x` that ``json.dumps(..., allow_nan=False)`` accepts."""
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return json_safe(x.tolist())
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def dumps(x, indent: int | None = 2) -> str:
+    return json.dumps(json_safe(x), indent=indent, allow_nan=False)
