@@ -30,6 +30,7 @@ from pipeline.core.checks import (
     is_torch_tensor,
     to_numpy,
 )
+from pipeline.core.probability import probs_of_record
 from pipeline.core.tables import CLASS_BIN_VALUES, SEQ_BIN_VALUES, BinTables, SparseBins
 
 # Rows per block: keeps a block's temporaries near L2/L3 size so the several
@@ -95,37 +96,6 @@ def _summarise_torch(p, labels, threshold, exact_row_sums) -> _DenseSummary:
         top1_id=top1.cpu().numpy().astype(np.int64),
         top1_prob=p[arange, top1].cpu().numpy(),
     )
-
-
-def _softmax_of_record(logits, logsumexp=None):
-    """float32 probabilities of record from logits: exp(float32(x) - lse)."""
-    if is_torch_tensor(logits):
-        import torch
-
-        x = logits.float()
-        lse = (
-            torch.logsumexp(x, dim=1)
-            if logsumexp is None
-            else torch.as_tensor(logsumexp, device=x.device, dtype=torch.float32)
-        )
-        if not torch.isfinite(lse).all():
-            bad = int((~torch.isfinite(lse)).nonzero()[0, 0])
-            raise InputError(f"logits of row {bad} contain NaN or inf")
-        return torch.exp(x - lse[:, None])
-    x = np.asarray(logits).astype(np.float32, copy=False)
-    if logsumexp is None:
-        m = x.max(axis=1)
-        if not np.isfinite(m).all():
-            bad = int(np.flatnonzero(~np.isfinite(m))[0])
-            raise InputError(f"logits of row {bad} contain NaN or inf")
-        s = np.exp(x - m[:, None]).sum(axis=1, dtype=np.float64)
-        lse = (m.astype(np.float64) + np.log(s)).astype(np.float32)
-    else:
-        lse = np.asarray(logsumexp, dtype=np.float32)
-    if not np.isfinite(lse).all():
-        bad = int(np.flatnonzero(~np.isfinite(lse))[0])
-        raise InputError(f"logits of row {bad} contain NaN or inf")
-    return np.exp(x - lse[:, None])
 
 
 def _first_max_per_row(offsets, ids, vals):
@@ -225,7 +195,7 @@ class CalibrationAccumulator:
             lse = None if logsumexp is None else to_numpy(logsumexp)[start:stop]
             if from_logits:
                 try:
-                    chunk = _softmax_of_record(chunk, lse)
+                    chunk = probs_of_record(chunk, lse)
                 except InputError as err:
                     raise InputError(f"{err} (row offset {self.positions})") from None
             elif torch_input:

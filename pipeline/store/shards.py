@@ -291,11 +291,10 @@ def open_logits(run_dir, shard: dict):
 
 
 def probs_from_logits(logits: np.ndarray, logsumexp: np.ndarray) -> np.ndarray:
-    """The probability of record of the full store: float32 exp(float32(logit) - lse)."""
-    x = np.asarray(logits, dtype=np.float32)
-    x = x - np.asarray(logsumexp, dtype=np.float32)[:, None]
-    np.exp(x, out=x)
-    return x
+    """The probability of record of the full store (see pipeline.core.probability)."""
+    from pipeline.core.probability import probs_of_record
+
+    return probs_of_record(logits, logsumexp)
 
 
 def iter_logit_rows(run_dir, shard: dict, rows: int | None = None):
