@@ -1,4 +1,4 @@
-"""`fullece sql`: every worked query of the README runs and matches
+"""`fullece sql`: every worked query of docs/sql.md runs and matches
 `fullece metrics` / the tables."""
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from pipeline.cli.sql import sql
 from tests.helpers.analysis_runs import dense_case, dense_doc_full_ece, write_run
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+SQL_DOC = ROOT / "docs" / "sql.md"
 
 
 def sql_blocks():
-    """(file, check name, query) of every ```sql block in the README."""
+    """(file, check name, query) of every ```sql block in docs/sql.md."""
     out = []
-    for b in re.findall(r"```sql\n(.*?)```", README.read_text(), re.S):
+    for b in re.findall(r"```sql\n(.*?)```", SQL_DOC.read_text(), re.S):
         m = re.search(r"--\s*check:\s*(\S+)", b)
-        out.append((README.name, m.group(1) if m else None, b))
+        out.append((SQL_DOC.name, m.group(1) if m else None, b))
     return out
 
 

@@ -1,4 +1,4 @@
-"""``fullece aggregate``: shards -> bin tables (DESIGN §3, §4, §5).
+"""``fullece aggregate``: shards -> bin tables (docs/design.md: "The bin tables", "Performance principles", "Scale-out").
 
 Map then reduce:
 

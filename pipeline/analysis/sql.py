@@ -3,7 +3,7 @@
 Views (every one has a ``run`` column, the run's label, so several runs can be
 queried together with ``GROUP BY run``):
 
-    class_bins, top1_bins, tokens, seq_bins   the bin tables (DESIGN §3)
+    class_bins, top1_bins, tokens, seq_bins   the bin tables (docs/design.md)
     positions                                 the positions shards (one row per position)
     manifest                                  one row per run: label, store, vocab_size,
                                               positions, m_exact, tail_max, model, corpus ...

@@ -1,11 +1,11 @@
-"""Streaming accumulation of the bin tables (DESIGN §3) from chunks of data.
+"""Streaming accumulation of the bin tables (docs/design.md) from chunks of data.
 
 Two kinds of chunk feed the same tables:
 
 * dense: probabilities or logits ``[n, K]`` (numpy; torch tensors are reduced
   on their own device). Every pair with p <= 1/F is in fine bin 1, so bin 1
   needs only column sums; the few pairs above 1/F are found with one float32
-  comparison against an exact threshold and binned sparsely (DESIGN §4).
+  comparison against an exact threshold and binned sparsely (docs/design.md, "Performance principles").
 * kept + tail: per position the kept ids/probabilities (the label among
   them) and tail count/mass/max, plus per-class tail vectors, which enter
   fine bin 1 (exact while tail_max <= 1/M; see ``BinTables.m_exact``).
@@ -259,7 +259,7 @@ class CalibrationAccumulator:
         top1_probs=None,
         seq_ids=None,
     ) -> None:
-        """Add positions stored as kept entries + tail summary (DESIGN §2).
+        """Add positions stored as kept entries + tail summary (docs/design.md, "Kept entries + tail").
 
         kept_ids/kept_probs are ``[n, k]`` or flat with ``row_offsets`` (n+1
         Arrow-style offsets). The label must be among each row's kept ids.

@@ -1,4 +1,4 @@
-"""The one binning rule (DESIGN §1). Everything that bins goes through here.
+"""The one binning rule (docs/design.md, "Bins"). Everything that bins goes through here.
 
 Bin m (1-based) of M is ((m-1)/M, m/M]: a value on an edge belongs to the
 lower bin and p = 0 to bin 1. The probability of record is a float32; its bin

@@ -1,6 +1,6 @@
 """Calibration metrics: one formula each, from bin tables or straight from arrays.
 
-Formulas (DESIGN §1), with N positions, K classes, M bins:
+Formulas (docs/design.md, "The metrics"), with N positions, K classes, M bins:
 
 * ECE      = (1/N)     sum_m | correct_m - conf_sum_m |          (top-1)
 * cw-ECE   = (1/(N K)) sum_k sum_m | hits_mk - p_sum_mk |        (all K classes)

@@ -1,4 +1,4 @@
-"""The sufficient statistics of DESIGN §3, held in memory: additive bin tables.
+"""The sufficient statistics (docs/design.md, "The bin tables"), held in memory.
 
 Every field is a sum over positions, so tables of shards, runs or machines
 merge by addition. Sparse tables (class_bins, seq_bins) are kept as key-sorted

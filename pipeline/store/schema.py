@@ -71,7 +71,7 @@ CLASS_TAIL = pa.schema(
     metadata={"fullece.table": "class_tail", "fullece.schema_version": str(SCHEMA_VERSION)},
 )
 
-# Bin tables (DESIGN §3); `bin` is the 1-based fine bin in 1..F.
+# Bin tables (docs/design.md, "The bin tables"); `bin` is the 1-based fine bin in 1..F.
 CLASS_BINS = pa.schema(
     [
         pa.field("class_id", pa.int32(), nullable=False),

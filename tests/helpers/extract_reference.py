@@ -1,4 +1,4 @@
-"""Independent references for the extraction tests: literal DESIGN §1 formulas.
+"""Independent references for the extraction tests: literal formulas of docs/design.md.
 
 `dense_metrics` works on a dense [N, K] float32 probability matrix;
 `sparse_metrics` on a run directory's kept entries + per-class tail vectors.
