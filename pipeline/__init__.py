@@ -9,3 +9,12 @@ __version__ = "0.1.0"
 DEFAULT_FINE_BINS = 1000
 # The paper's M set (Table 1); every value divides DEFAULT_FINE_BINS.
 PAPER_BINS = (5, 10, 20, 50, 100, 200, 500)
+
+
+def __getattr__(name):
+    # Lazy re-exports: `import pipeline` stays light (no polars, pyarrow or numpy).
+    if name in ("open_tables", "open_positions"):
+        from pipeline.analysis import frames
+
+        return getattr(frames, name)
+    raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

@@ -1,0 +1,72 @@
+"""A run's bin tables and positions as Polars LazyFrames, for notebook analysis.
+
+Nothing is read until a query is collected (``pl.scan_parquet``). Columns are
+those of docs/design.md ("The bin tables") and ``schemas/positions.v1.json``.
+Polars sums float32 in float32: cast float32 columns (``label_prob``,
+``top1_prob``, ``kept_probs``, ``tail_max``, ``entropy``) to ``pl.Float64``
+before summing them. The bin tables' masses are float64 already.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from pipeline.store.manifest import RunError, load_manifest
+from pipeline.store.schema import check_table_schema
+from pipeline.store.tablestore import META_NAME, TABLE_NAMES, read_meta
+
+__all__ = ["open_tables", "open_positions", "tables_directory"]
+
+
+def tables_directory(path) -> Path:
+    """`path` itself when it holds bin tables (``fullece aggregate --out``), else
+    ``path/tables`` (a run directory)."""
+    path = Path(path)
+    return path if (path / META_NAME).exists() else path / "tables"
+
+
+def open_tables(run_dir) -> dict:
+    """``{"class_bins", "top1_bins", "tokens", "seq_bins"}`` -> ``pl.LazyFrame``.
+
+    `run_dir` is a run directory (its ``tables/``) or a tables directory. The
+    version in ``meta.json`` and every file's columns are checked first; a
+    missing table raises RunError naming it (run ``fullece aggregate`` first).
+    """
+    import polars as pl
+
+    directory = tables_directory(run_dir)
+    try:
+        read_meta(directory)
+    except ValueError as err:
+        raise RunError(str(err)) from err
+    frames = {}
+    for name in TABLE_NAMES:
+        path = directory / f"{name}.parquet"
+        if not path.exists():
+            raise RunError(f"{path}: missing bin table (run `fullece aggregate` first)")
+        check_table_schema(pq.read_schema(path), name, str(path))
+        frames[name] = pl.scan_parquet(path)
+    return frames
+
+
+def open_positions(run_dir):
+    """Every committed shard's positions (manifest order) as one ``pl.LazyFrame``."""
+    import polars as pl
+
+    run_dir = Path(run_dir)
+    manifest = load_manifest(run_dir)
+    paths = []
+    for entry in manifest["shards"]:
+        rel = entry.get("positions")
+        if not rel:
+            continue
+        path = run_dir / rel
+        if not path.exists():
+            raise RunError(f"{path}: positions file listed in the manifest is missing")
+        check_table_schema(pq.read_schema(path), "positions", str(path))
+        paths.append(str(path))
+    if not paths:
+        raise RunError(f"{run_dir / 'manifest.json'}: the run has no committed shard")
+    return pl.scan_parquet(paths)
