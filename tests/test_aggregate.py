@@ -23,8 +23,8 @@ from pipeline.cli.aggregate import aggregate_command
 from pipeline.core.accumulator import CalibrationAccumulator
 from pipeline.core.metrics import metrics_at
 from pipeline.store.schema import SchemaVersionError
-from pipeline.store.shards import accumulate_kept
 from tests.helpers.analysis_runs import dense_case, dense_reference, write_run
+from tests.helpers.shard_readers import accumulate_kept
 
 SUM_TOL = 1e-12
 

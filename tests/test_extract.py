@@ -132,7 +132,7 @@ def test_strided_long_document(models, tmp_path):
 def _core_metrics_from_run(run_dir, manifest):
     acc_mod = pytest.importorskip("pipeline.core.accumulator")
     from pipeline.core.metrics import compute_metrics
-    from pipeline.store.shards import accumulate_kept
+    from tests.helpers.shard_readers import accumulate_kept
 
     acc = acc_mod.CalibrationAccumulator(vocab_size=manifest["vocab_size"], fine_bins=1000)
     accumulate_kept(acc, run_dir, manifest)
@@ -192,7 +192,7 @@ def test_topk_matches_dense_reference(models, corpus, tmp_path, arch, k, tau):
 
 
 def test_full_store_matches_dense_reference(models, corpus, tmp_path):
-    from pipeline.store.shards import iter_logit_rows, probs_from_logits
+    from tests.helpers.shard_readers import iter_logit_rows, probs_from_logits
 
     model = models["llama"]
     probs, labels, _, lm = dense_reference(model, corpus)

@@ -122,7 +122,7 @@ def test_row_count_mismatch(run_copy):
 
 def test_readers_refuse_unknown_table_version(run_copy):
     from pipeline.store.manifest import load_manifest
-    from pipeline.store.shards import read_positions
+    from tests.helpers.shard_readers import read_positions
 
     run = run_copy()
     manifest = load_manifest(run)

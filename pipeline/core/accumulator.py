@@ -413,7 +413,11 @@ class CalibrationAccumulator:
         so each row is re-grouped O(log) times, not once per chunk."""
         pending = sum(len(p) for p in parts[1:])
         if len(parts) > 1 and pending > max(_COMPACT_ROWS, len(parts[0])):
-            return [SparseBins.concat(parts, self.fine_bins + 1, group_single=True)]
+            return [
+                SparseBins.concat(
+                    parts, self.fine_bins + 1, tuple(parts[0].values), group_single=True
+                )
+            ]
         return parts
 
     def _add_top1(self, top1_id, top1_prob, labels):
@@ -476,21 +480,23 @@ class CalibrationAccumulator:
                 "hits": self._bin1_hits[present],
             },
         )
-        class_bins = SparseBins.concat([bin1, *self._class_parts], stride, group_single=True)
-        seq_bins = SparseBins.concat(self._seq_parts, stride, group_single=True)
+        class_bins = SparseBins.concat(
+            [bin1, *self._class_parts], stride, CLASS_BIN_VALUES, group_single=True
+        )
+        seq_bins = SparseBins.concat(self._seq_parts, stride, SEQ_BIN_VALUES, group_single=True)
         return BinTables(
             fine_bins=self.fine_bins,
             vocab_size=self.vocab_size,
             positions=self.positions,
             tail_max=self.tail_max,
-            class_bins=class_bins or SparseBins.empty(CLASS_BIN_VALUES),
+            class_bins=class_bins,
             top1_n=self._top1_n.copy(),
             top1_conf_sum=self._top1_conf_sum.copy(),
             top1_correct=self._top1_correct.copy(),
             label_count=self._label_count.copy(),
             top1_count=self._top1_count.copy(),
             p_mass=self._p_mass.copy(),
-            seq_bins=seq_bins or SparseBins.empty(SEQ_BIN_VALUES),
+            seq_bins=seq_bins,
             sources=list(self.sources),
         )
 

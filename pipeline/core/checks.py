@@ -45,7 +45,7 @@ def check_labels(labels, n_rows: int, vocab_size: int, *, row_offset: int = 0) -
     return labels
 
 
-def check_prob_matrix_shape(probs, labels_len: int | None = None) -> tuple[int, int]:
+def check_prob_matrix_shape(probs) -> tuple[int, int]:
     shape = tuple(probs.shape)
     if len(shape) != 2:
         raise InputError(f"probabilities must be 2-D [n, K], got shape {shape}")

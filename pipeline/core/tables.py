@@ -13,10 +13,61 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.core.binning import coarsen_bins, m_exact_from_tail_max
-from pipeline.store import schema
 
-CLASS_BIN_VALUES = ("n", "p_sum", "hits")
-SEQ_BIN_VALUES = ("n", "p_sum", "hits", "top1_n", "conf_sum", "correct")
+
+@dataclass(frozen=True)
+class TableField:
+    """One column of a bin table: a key, or a value that is a sum over positions."""
+
+    name: str
+    dtype: str  # numpy dtype name: counts int64 (exact), masses float64
+    key: bool = False
+
+
+def _key(name: str, dtype: str = "int32") -> TableField:
+    return TableField(name, dtype, key=True)
+
+
+def _count(name: str) -> TableField:
+    return TableField(name, "int64")
+
+
+def _mass(name: str) -> TableField:
+    return TableField(name, "float64")
+
+
+# The one declaration of the bin tables (docs/design.md, "The bin tables"): it
+# drives the accumulator's arrays, BinTables' Arrow conversion and the Arrow /
+# Parquet schemas of pipeline.store.schema (and so schemas/*.json).
+TABLE_FIELDS: dict[str, tuple[TableField, ...]] = {
+    "class_bins": (_key("class_id"), _key("bin"), _count("n"), _mass("p_sum"), _count("hits")),
+    "top1_bins": (_key("bin"), _count("n"), _mass("conf_sum"), _count("correct")),
+    "tokens": (_key("class_id"), _count("label_count"), _count("top1_count"), _mass("p_mass")),
+    "seq_bins": (
+        _key("seq_id", "int64"),
+        _key("bin"),
+        _count("n"),
+        _mass("p_sum"),
+        _count("hits"),
+        _count("top1_n"),
+        _mass("conf_sum"),
+        _count("correct"),
+    ),
+}
+
+
+def value_fields(table: str) -> tuple[TableField, ...]:
+    return tuple(f for f in TABLE_FIELDS[table] if not f.key)
+
+
+def value_names(table: str) -> tuple[str, ...]:
+    return tuple(f.name for f in value_fields(table))
+
+
+CLASS_BIN_VALUES = value_names("class_bins")
+SEQ_BIN_VALUES = value_names("seq_bins")
+# numpy dtype of every value name (a name has one dtype in every table)
+VALUE_DTYPES = {f.name: np.dtype(f.dtype) for t in TABLE_FIELDS for f in value_fields(t)}
 
 
 def group_sum(keys: np.ndarray, values: dict[str, np.ndarray]):
@@ -58,10 +109,7 @@ class SparseBins:
         return cls(
             np.zeros(0, np.int64),
             np.zeros(0, np.int32),
-            {
-                k: np.zeros(0, np.float64 if k in ("p_sum", "conf_sum") else np.int64)
-                for k in value_names
-            },
+            {k: np.zeros(0, VALUE_DTYPES[k]) for k in value_names},
         )
 
     @classmethod
@@ -72,11 +120,14 @@ class SparseBins:
         return cls((ukey // stride).astype(np.int64), (ukey % stride).astype(np.int32), sums)
 
     @classmethod
-    def concat(cls, parts: list[SparseBins], stride: int, group_single: bool = False) -> SparseBins:
-        """Sum of several tables (or of raw, ungrouped rows with group_single)."""
+    def concat(
+        cls, parts: list[SparseBins], stride: int, value_names, group_single: bool = False
+    ) -> SparseBins:
+        """Sum of several tables (or of raw, ungrouped rows with group_single);
+        an empty table of `value_names` when every part is empty."""
         parts = [p for p in parts if p.ids.size]
         if not parts:
-            return None
+            return cls.empty(value_names)
         if len(parts) == 1 and not group_single:
             return parts[0]
         names = parts[0].values.keys()
@@ -153,16 +204,16 @@ class BinTables:
             vocab_size=self.vocab_size,
             positions=self.positions + other.positions,
             tail_max=max(self.tail_max, other.tail_max),
-            class_bins=SparseBins.concat([self.class_bins, other.class_bins], stride)
-            or SparseBins.empty(CLASS_BIN_VALUES),
+            class_bins=SparseBins.concat(
+                [self.class_bins, other.class_bins], stride, CLASS_BIN_VALUES
+            ),
             top1_n=self.top1_n + other.top1_n,
             top1_conf_sum=self.top1_conf_sum + other.top1_conf_sum,
             top1_correct=self.top1_correct + other.top1_correct,
             label_count=self.label_count + other.label_count,
             top1_count=self.top1_count + other.top1_count,
             p_mass=self.p_mass + other.p_mass,
-            seq_bins=SparseBins.concat([self.seq_bins, other.seq_bins], stride)
-            or SparseBins.empty(SEQ_BIN_VALUES),
+            seq_bins=SparseBins.concat([self.seq_bins, other.seq_bins], stride, SEQ_BIN_VALUES),
             sources=self.sources + other.sources,
         )
 
@@ -171,42 +222,32 @@ class BinTables:
     # ---- Arrow conversion (the on-disk columns of pipeline.store.schema) ----------
 
     def to_arrow(self) -> dict[str, pa.Table]:
+        from pipeline.store.schema import TABLE_SCHEMAS
+
         cb, sb = self.class_bins, self.seq_bins
         top1_rows = np.flatnonzero(self.top1_n)
+        columns = {
+            "class_bins": {"class_id": cb.ids, "bin": cb.bins, **cb.values},
+            "top1_bins": {
+                "bin": top1_rows + 1,
+                "n": self.top1_n[top1_rows],
+                "conf_sum": self.top1_conf_sum[top1_rows],
+                "correct": self.top1_correct[top1_rows],
+            },
+            "tokens": {
+                "class_id": np.arange(self.vocab_size),
+                "label_count": self.label_count,
+                "top1_count": self.top1_count,
+                "p_mass": self.p_mass,
+            },
+            "seq_bins": {"seq_id": sb.ids, "bin": sb.bins, **sb.values},
+        }
         return {
-            "class_bins": pa.table(
-                {
-                    "class_id": cb.ids.astype(np.int32),
-                    "bin": cb.bins,
-                    "n": cb.values["n"].astype(np.int64),
-                    "p_sum": cb.values["p_sum"].astype(np.float64),
-                    "hits": cb.values["hits"].astype(np.int64),
-                },
-                schema=schema.CLASS_BINS,
-            ),
-            "top1_bins": pa.table(
-                {
-                    "bin": (top1_rows + 1).astype(np.int32),
-                    "n": self.top1_n[top1_rows],
-                    "conf_sum": self.top1_conf_sum[top1_rows],
-                    "correct": self.top1_correct[top1_rows],
-                },
-                schema=schema.TOP1_BINS,
-            ),
-            "tokens": pa.table(
-                {
-                    "class_id": np.arange(self.vocab_size, dtype=np.int32),
-                    "label_count": self.label_count,
-                    "top1_count": self.top1_count,
-                    "p_mass": self.p_mass,
-                },
-                schema=schema.TOKENS,
-            ),
-            "seq_bins": pa.table(
-                {"seq_id": sb.ids.astype(np.int64), "bin": sb.bins}
-                | {k: sb.values[k] for k in SEQ_BIN_VALUES},
-                schema=schema.SEQ_BINS,
-            ),
+            name: pa.table(
+                {f.name: np.asarray(cols[f.name]).astype(f.dtype) for f in TABLE_FIELDS[name]},
+                schema=TABLE_SCHEMAS[name],
+            )
+            for name, cols in columns.items()
         }
 
     @classmethod
@@ -226,15 +267,14 @@ class BinTables:
         def col(table, name, dtype):
             return table.column(name).to_numpy().astype(dtype, copy=False)
 
+        def values(table, name):
+            return {f.name: col(table, f.name, f.dtype) for f in value_fields(name)}
+
         cb = tables["class_bins"]
         class_bins = SparseBins.from_parts(
             col(cb, "class_id", np.int64),
             col(cb, "bin", np.int64),
-            {
-                "n": col(cb, "n", np.int64),
-                "p_sum": col(cb, "p_sum", np.float64),
-                "hits": col(cb, "hits", np.int64),
-            },
+            values(cb, "class_bins"),
             stride,
         )
         t1 = tables["top1_bins"]
@@ -251,10 +291,7 @@ class BinTables:
         seq_bins = SparseBins.from_parts(
             col(sb, "seq_id", np.int64),
             col(sb, "bin", np.int64),
-            {
-                k: col(sb, k, np.float64 if k in ("p_sum", "conf_sum") else np.int64)
-                for k in SEQ_BIN_VALUES
-            },
+            values(sb, "seq_bins"),
             stride,
         )
         for name, bins in (("class_bins", class_bins.bins), ("seq_bins", seq_bins.bins)):

@@ -36,7 +36,6 @@ SUMMARY_FILE = "default.json"
 CORPUS_SUFFIXES = (".txt", ".jsonl", ".parquet")
 TREND_M = 10
 # What the paper reports (quoted in the output next to the measured values).
-PAPER_TABLE1 = {"cw_ece": (40.93, 44.90), "full_ece": (7.56, 8.36)}  # 2B and 7B models, %
 PAPER_NEVER, PAPER_RARE = 0.30, 0.41  # share of the vocabulary seen 0 and 1-10 times
 
 

@@ -17,7 +17,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+
+from pipeline.core.tables import TABLE_FIELDS
 
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
@@ -71,50 +74,25 @@ CLASS_TAIL = pa.schema(
     metadata={"fullece.table": "class_tail", "fullece.schema_version": str(SCHEMA_VERSION)},
 )
 
-# Bin tables (docs/design.md, "The bin tables"); `bin` is the 1-based fine bin in 1..F.
-CLASS_BINS = pa.schema(
-    [
-        pa.field("class_id", pa.int32(), nullable=False),
-        pa.field("bin", pa.int32(), nullable=False),
-        pa.field("n", pa.int64(), nullable=False),
-        pa.field("p_sum", pa.float64(), nullable=False),
-        pa.field("hits", pa.int64(), nullable=False),
-    ],
-    metadata={"fullece.table": "class_bins", "fullece.schema_version": str(SCHEMA_VERSION)},
-)
-TOP1_BINS = pa.schema(
-    [
-        pa.field("bin", pa.int32(), nullable=False),
-        pa.field("n", pa.int64(), nullable=False),
-        pa.field("conf_sum", pa.float64(), nullable=False),
-        pa.field("correct", pa.int64(), nullable=False),
-    ],
-    metadata={"fullece.table": "top1_bins", "fullece.schema_version": str(SCHEMA_VERSION)},
-)
-TOKENS = pa.schema(
-    [
-        pa.field("class_id", pa.int32(), nullable=False),
-        pa.field("label_count", pa.int64(), nullable=False),
-        pa.field("top1_count", pa.int64(), nullable=False),
-        pa.field("p_mass", pa.float64(), nullable=False),
-    ],
-    metadata={"fullece.table": "tokens", "fullece.schema_version": str(SCHEMA_VERSION)},
-)
-# Per sequence (document), per fine bin: pooled over classes (Full-ECE) and
-# top-1 (ECE), so bootstrap over sequences needs nothing else.
-SEQ_BINS = pa.schema(
-    [
-        pa.field("seq_id", pa.int64(), nullable=False),
-        pa.field("bin", pa.int32(), nullable=False),
-        pa.field("n", pa.int64(), nullable=False),
-        pa.field("p_sum", pa.float64(), nullable=False),
-        pa.field("hits", pa.int64(), nullable=False),
-        pa.field("top1_n", pa.int64(), nullable=False),
-        pa.field("conf_sum", pa.float64(), nullable=False),
-        pa.field("correct", pa.int64(), nullable=False),
-    ],
-    metadata={"fullece.table": "seq_bins", "fullece.schema_version": str(SCHEMA_VERSION)},
-)
+
+def _bin_table_schema(name: str) -> pa.Schema:
+    """Arrow schema of a bin table, from its one declaration (core.tables.TABLE_FIELDS)."""
+    return pa.schema(
+        [
+            pa.field(f.name, pa.from_numpy_dtype(np.dtype(f.dtype)), nullable=False)
+            for f in TABLE_FIELDS[name]
+        ],
+        metadata={"fullece.table": name, "fullece.schema_version": str(SCHEMA_VERSION)},
+    )
+
+
+# Bin tables (docs/design.md, "The bin tables"); `bin` is the 1-based fine bin
+# in 1..F. seq_bins is per sequence (document), per fine bin: pooled over
+# classes (Full-ECE) and top-1 (ECE), so bootstrap over sequences needs nothing else.
+CLASS_BINS = _bin_table_schema("class_bins")
+TOP1_BINS = _bin_table_schema("top1_bins")
+TOKENS = _bin_table_schema("tokens")
+SEQ_BINS = _bin_table_schema("seq_bins")
 
 TABLE_SCHEMAS = {
     "positions": POSITIONS,
@@ -139,10 +117,6 @@ ZARR_ARRAYS = {
         "note": "p = exp(float32(logit) - logsumexp), computed in float32",
     },
 }
-
-
-def table_schema(name: str) -> pa.Schema:
-    return TABLE_SCHEMAS[name]
 
 
 def check_table_schema(schema: pa.Schema, name: str, where: str) -> None:
