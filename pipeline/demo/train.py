@@ -67,32 +67,16 @@ class TrainingError(ValueError):
 
 
 def read_texts(path, text_field: str = "text") -> list[str]:
-    """Documents of a corpus file: .txt (one per line), .jsonl/.json (JSON Lines), .parquet."""
-    path = Path(path)
-    if not path.exists():
-        raise TrainingError(f"{path}: no such corpus file")
-    suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
-    if suffix in (".jsonl", ".json", ".ndjson"):
-        docs = []
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                obj = json.loads(line)
-                if isinstance(obj, str):
-                    docs.append(obj)
-                elif text_field in obj:
-                    docs.append(str(obj[text_field]))
-                else:
-                    raise TrainingError(f"{path}:{n}: no {text_field!r} field")
-    elif suffix == ".parquet":
-        import pyarrow.parquet as pq
+    """The documents of a corpus file, read exactly as ``fullece extract`` reads
+    them (pipeline.extract.corpus: .txt, .jsonl, .parquet, .txt.gz, .jsonl.gz);
+    blank texts are skipped, having nothing to learn from."""
+    from pipeline.extract.corpus import detect_format, iter_documents
+    from pipeline.extract.errors import ExtractError
 
-        table = pq.read_table(path, columns=[text_field])
-        docs = [str(t) for t in table.column(text_field).to_pylist() if t is not None]
-    else:
-        with open(path, encoding="utf-8") as f:
-            docs = [line.rstrip("\n") for line in f]
+    try:
+        docs = [text for _, text in iter_documents(path, detect_format(path), text_field)]
+    except ExtractError as err:
+        raise TrainingError(str(err)) from err
     docs = [d for d in docs if d.strip()]
     if not docs:
         raise TrainingError(f"{path}: no documents")

@@ -1,11 +1,20 @@
-"""Reading a corpus: .txt (one document per non-empty line), .jsonl, .parquet.
+"""Reading a corpus: the one reader for extraction and training.
 
-Document ids are the 0-based index of the document in the corpus (blank
-lines of a .txt are not documents). No torch here.
+* ``.txt``: one document per line; blank (whitespace-only) lines are not documents.
+* ``.jsonl``: one JSON object per non-blank line, its text in a field (``text``).
+* ``.parquet``: one document per row, its text in a column (``text``).
+* ``.txt.gz`` / ``.jsonl.gz``: the same, gzip-compressed.
+
+A missing field, a null or a non-string text is an error naming the file and
+the line or row. A blank text in a .jsonl/.parquet record is still a document
+(so document ids follow the records); extraction then finds too few tokens to
+score and counts it in ``skipped_documents``, and training skips it.
+Document ids are the 0-based index of the document in the corpus. No torch here.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -28,13 +37,24 @@ def detect_format(path, fmt: str | None = None) -> str:
         if fmt not in FORMATS:
             raise ExtractError(f"unknown corpus format {fmt!r} (use one of {', '.join(FORMATS)})")
         return fmt
-    found = _SUFFIXES.get(path.suffix.lower())
-    if found is None:
+    suffix = path.suffix.lower()
+    gzipped = suffix == ".gz"
+    if gzipped:
+        suffix = Path(path.stem).suffix.lower()
+    found = _SUFFIXES.get(suffix)
+    if found is None or (gzipped and found == "parquet"):
         raise ExtractError(
             f"corpus {path}: cannot tell the format from the suffix {path.suffix!r}; "
-            "use .txt, .jsonl or .parquet, or pass --corpus-format"
+            "use .txt, .jsonl or .parquet (.txt.gz and .jsonl.gz too), or pass --corpus-format"
         )
     return found
+
+
+def _open_text(path: Path):
+    """A text file, read through gzip when its name ends in .gz."""
+    if path.suffix.lower() == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
 
 
 def check_corpus(path, fmt: str, text_field: str) -> None:
@@ -74,7 +94,7 @@ def iter_documents(path, fmt: str, text_field: str = "text"):
 
 def _iter_txt(path: Path):
     doc = 0
-    with open(path, encoding="utf-8", newline="") as f:
+    with _open_text(path) as f:
         for line in f:
             text = line.rstrip("\r\n")
             if not text.strip():
@@ -85,7 +105,7 @@ def _iter_txt(path: Path):
 
 def _iter_jsonl(path: Path, field: str):
     doc = 0
-    with open(path, encoding="utf-8") as f:
+    with _open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -130,7 +150,7 @@ def count_documents(path, fmt: str, text_field: str = "text") -> int:
 
         return pq.ParquetFile(str(path)).metadata.num_rows
     n = 0
-    with open(path, encoding="utf-8", newline="") as f:
+    with _open_text(path) as f:
         for line in f:
             if line.strip():
                 n += 1
