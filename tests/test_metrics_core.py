@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -226,8 +228,12 @@ def test_fine_tables_give_every_paper_m_exactly():
         for key in ("ece", "cw_ece", "full_ece"):
             assert row[key] == pytest.approx(ref[key], abs=TOL)
         assert row["exact"]
-    values = [r["cw_ece"] for r in result["bins"]]
-    assert result["rsd"]["cw_ece"] == pytest.approx(np.std(values, ddof=1) / np.mean(values) * 100)
+    # RSD from the reference values, by the textbook formula (statistics module,
+    # not the numpy expression the code uses)
+    for key in ("ece", "cw_ece", "full_ece"):
+        values = [reference_metrics(probs, labels, m)[key] for m in PAPER_BINS]
+        want = statistics.stdev(values) / statistics.mean(values) * 100
+        assert result["rsd"][key] == pytest.approx(want, rel=1e-9)
 
 
 def test_torch_tensors_match_numpy():
@@ -394,12 +400,24 @@ def test_any_chunking_merges_to_identical_tables(seed, sizes):
         start += size
     _assert_tables_equal(whole.compute(), merged_tables)
     _assert_tables_equal(whole.compute(), merged_acc.compute())
-    # kept + tail path, chunked the same way
-    kt = split_kept_tail(probs, labels, k=4, tau=1e-3)
-    _assert_tables_equal(
-        kept_tables(probs, labels, kt, seq_ids=seqs),
-        kept_tables(probs, labels, kt, seq_ids=seqs).merge(CalibrationAccumulator(K).compute()),
+    # kept + tail path, chunked the same way: every chunk its own kept entries and
+    # per-class tail; the merged tables equal the unchunked ones and the reference
+    whole_kept = kept_tables(
+        probs, labels, split_kept_tail(probs, labels, k=4, tau=1e-3), seq_ids=seqs
     )
+    merged_kept = CalibrationAccumulator(K).compute()  # the empty table is the identity
+    start = 0
+    for size in sizes:
+        sl = slice(start, start + size)
+        kt = split_kept_tail(probs[sl], labels[sl], k=4, tau=1e-3)
+        merged_kept = merged_kept.merge(kept_tables(probs[sl], labels[sl], kt, seq_ids=seqs[sl]))
+        start += size
+    _assert_tables_equal(whole_kept, merged_kept)
+    if merged_kept.m_exact is None or merged_kept.m_exact >= 10:
+        ref = reference_metrics(probs, labels, 10)
+        got = metrics_at(merged_kept, 10)
+        for key in ("ece", "cw_ece", "full_ece"):
+            assert got[key] == pytest.approx(ref[key], abs=TOL)
 
 
 def test_seq_bins_pool_to_the_class_tables():
@@ -448,7 +466,10 @@ def test_token_frequency_and_reliability():
 
 def test_rsd():
     assert rsd([1.0, 1.0, 1.0]) == 0.0
-    assert rsd([1.0, 3.0]) == pytest.approx(np.std([1, 3], ddof=1) / 2 * 100)
+    # [1, 3]: mean 2, sample variance ((1-2)^2 + (3-2)^2) / (2-1) = 2, RSD = sqrt(2)/2
+    assert rsd([1.0, 3.0]) == pytest.approx(70.71067811865476, rel=1e-15)
+    # [2, 4, 9]: mean 5, sample variance (9 + 1 + 16) / 2 = 13
+    assert rsd([2.0, 4.0, 9.0]) == pytest.approx(100 * 13**0.5 / 5, rel=1e-15)
     with pytest.raises(ValueError):
         rsd([1.0])
 

@@ -60,3 +60,47 @@ def test_matplotlib_only_inside_report():
         "assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_prepared_data_match_the_dense_case(tmp_path):
+    """The data the figures draw (prepare_*), against values computed from the
+    dense case itself: metrics, reliability counts/frequencies, label counts, trend."""
+    import numpy as np
+
+    from pipeline.analysis.report import prepare_run, prepare_trend
+    from tests.helpers.analysis_runs import dense_reference, ref_bins
+
+    runs = []
+    cases = []
+    for i in range(2):
+        case = dense_case(300, 20, seed=60 + i, docs=10, temperature=1.5 - 0.3 * i)
+        write_run(tmp_path / f"r{i}", case, k=20, label=f"ckpt-{i}")  # k = K: no tail
+        runs.append(prepare_run(tmp_path / f"r{i}", quiet=True))
+        cases.append(case)
+    for run, case in zip(runs, cases, strict=True):
+        for row in run["metrics"]["bins"]:
+            ref = dense_reference(case.probs, case.labels, row["M"])
+            for key in ("ece", "cw_ece", "full_ece"):
+                assert row[key] == pytest.approx(ref[key], abs=1e-12)
+        np.testing.assert_array_equal(
+            run["label_counts"], np.bincount(case.labels, minlength=case.vocab_size)
+        )
+        rel = run["reliability"]
+        M = rel["n_bins"]
+        top1 = case.probs.argmax(axis=1)
+        conf = case.probs[np.arange(case.n), top1]
+        b = ref_bins(conf, M)
+        count = np.bincount(b, minlength=M + 1)[1:]
+        np.testing.assert_array_equal(rel["top1"]["count"], count)
+        hits = np.bincount(b, weights=top1 == case.labels, minlength=M + 1)[1:]
+        seen = count > 0
+        np.testing.assert_allclose(rel["top1"]["frequency"][seen], hits[seen] / count[seen])
+        assert np.isnan(rel["top1"]["frequency"][~seen]).all()
+        full = np.bincount(ref_bins(case.probs, M).ravel(), minlength=M + 1)[1:]
+        np.testing.assert_array_equal(rel["full"]["count"], full)
+    trend = prepare_trend(runs, 10)
+    assert trend["labels"] == ["ckpt-0", "ckpt-1"]
+    for i, case in enumerate(cases):
+        assert trend["full_ece"][i] == pytest.approx(
+            dense_reference(case.probs, case.labels, 10)["full_ece"], abs=1e-12
+        )

@@ -10,28 +10,35 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from pipeline.cli import main  # noqa: E402
-from pipeline.extract import run_extraction  # noqa: E402
-from pipeline.store.schema import SchemaVersionError  # noqa: E402
-from pipeline.store.validate import find_problems, schema_errors  # noqa: E402
-from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus  # noqa: E402
+from pipeline.cli import main
+from pipeline.store.schema import SchemaVersionError
+from pipeline.store.validate import find_problems, schema_errors
+from tests.helpers.analysis_runs import dense_case, write_run
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("validate")
+@pytest.fixture(scope="module", params=["synthetic", "extracted"])
+def runs(request, tmp_path_factory):
+    """Runs of both stores: written from the documented formats (no torch needed),
+    and written by the extraction stage (needs torch + transformers)."""
+    base = tmp_path_factory.mktemp(f"validate-{request.param}")
+    out = {store: base / store for store in ("topk", "full")}
+    if request.param == "synthetic":
+        case = dense_case(400, 30, seed=5, docs=20)
+        for store, run_dir in out.items():
+            write_run(run_dir, case, store=store, k=4, tau=1e-3, shard_rows=100)
+        return out
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from pipeline.extract import run_extraction
+    from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus
+
     model = build_gpt2(base / "gpt2", scale=0.5)
     corpus = write_corpus(base / "c.txt", synthetic_texts(30, seed=5, max_words=20))
-    out = {}
-    for store in ("topk", "full"):
-        out[store] = base / store
+    for store, run_dir in out.items():
         run_extraction(
             model,
             corpus,
-            out[store],
+            run_dir,
             store=store,
             shard_positions=100,
             progress=False,

@@ -1,5 +1,5 @@
 """Synthetic run directories for the analysis tests, written straight from the
-documented formats (pipeline/schema.py, pipeline/manifest.py): no extraction
+documented formats (pipeline/store/schema.py, schemas/manifest.v1.schema.json): no extraction
 code involved.
 
 Everything starts from a dense case: logits [n, K], their float32 logsumexp,
@@ -21,6 +21,8 @@ import pyarrow.parquet as pq
 
 from pipeline.store.manifest import path_sha256
 from pipeline.store.schema import CLASS_TAIL, POSITIONS
+
+MANIFEST_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "manifest.v1.schema.json"
 
 
 @dataclass
@@ -189,14 +191,14 @@ def write_run(
         "tokenizer": {"path": "/models/tok", "files": {}},
         "corpus": {
             "path": "/corpus/test.txt",
-            "format": "text",
+            "format": "txt",
             "sha256": "0" * 64,
             "documents": int(np.unique(case.doc_ids).size),
         },
         "settings": {
             "store": store,
             "k": k,
-            "tau": tau,
+            "tau": 1.0 if tau is None else tau,  # no threshold: nothing has p > 1
             "max_length": 64,
             "stride": 32,
             "batch_size": 8,
@@ -214,6 +216,8 @@ def write_run(
         "m_exact": m_exact_from_tail_max(tail_max) if store == "topk" else None,
         "complete": True,
     }
+    # the helper writes only what the documented manifest schema allows
+    validate_json(manifest, json.loads(MANIFEST_SCHEMA.read_text()))
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
 
@@ -341,3 +345,89 @@ def validate_json(obj, schema: dict, path: str = "$") -> None:
         if "items" in schema:
             for i, item in enumerate(obj):
                 validate_json(item, schema["items"], f"{path}[{i}]")
+
+
+def dense_reference_tables(probs, labels, doc_ids, F: int = 1000) -> dict:
+    """The bin tables of a dense case at fine grid F, built literally from the
+    definitions (one np.add.at per column, no pipeline code), as dense arrays:
+    class_* [K, F+1], top1_* [F+1], tokens [K], seq_* keyed by (doc, bin)."""
+    P32 = np.asarray(probs, np.float32)
+    P = P32.astype(np.float64)
+    N, K = P.shape
+    y = np.asarray(labels)
+    B = ref_bins(P32, F)
+    cls = np.broadcast_to(np.arange(K), (N, K))
+    Y = np.zeros((N, K), np.int64)
+    Y[np.arange(N), y] = 1
+    out = {
+        k: np.zeros((K, F + 1), t)
+        for k, t in (("n", np.int64), ("p_sum", float), ("hits", np.int64))
+    }
+    np.add.at(out["n"], (cls, B), 1)
+    np.add.at(out["p_sum"], (cls, B), P)
+    np.add.at(out["hits"], (cls, B), Y)
+    top1 = P32.argmax(axis=1)
+    conf = P[np.arange(N), top1]
+    tb = B[np.arange(N), top1]
+    correct = (top1 == y).astype(np.int64)
+    top = {
+        k: np.zeros(F + 1, t)
+        for k, t in (("n", np.int64), ("conf_sum", float), ("correct", np.int64))
+    }
+    np.add.at(top["n"], tb, 1)
+    np.add.at(top["conf_sum"], tb, conf)
+    np.add.at(top["correct"], tb, correct)
+    docs, d = np.unique(np.asarray(doc_ids), return_inverse=True)
+    dd = np.broadcast_to(d[:, None], (N, K))
+    seq = {
+        k: np.zeros((docs.size, F + 1), float)
+        for k in ("n", "p_sum", "hits", "top1_n", "conf_sum", "correct")
+    }
+    np.add.at(seq["n"], (dd, B), 1)
+    np.add.at(seq["p_sum"], (dd, B), P)
+    np.add.at(seq["hits"], (dd, B), Y)
+    np.add.at(seq["top1_n"], (d, tb), 1)
+    np.add.at(seq["conf_sum"], (d, tb), conf)
+    np.add.at(seq["correct"], (d, tb), correct)
+    return {
+        "class": out,
+        "top1": top,
+        "tokens": {
+            "label_count": np.bincount(y, minlength=K),
+            "top1_count": np.bincount(top1, minlength=K),
+            "p_mass": P.sum(axis=0),
+        },
+        "seq_ids": docs,
+        "seq": seq,
+    }
+
+
+def assert_tables_match_dense(tables, ref: dict, atol: float = 1e-12) -> None:
+    """A BinTables equals the literal dense tables, cell by cell."""
+    K, F = tables.vocab_size, tables.fine_bins
+    cb = tables.class_bins
+    for key in ("n", "p_sum", "hits"):
+        got = np.zeros((K, F + 1))
+        np.add.at(got, (cb.ids, cb.bins), cb.values[key])
+        np.testing.assert_allclose(
+            got, ref["class"][key], rtol=0, atol=atol, err_msg=f"class_bins.{key}"
+        )
+    for key, arr in (
+        ("n", tables.top1_n),
+        ("conf_sum", tables.top1_conf_sum),
+        ("correct", tables.top1_correct),
+    ):
+        np.testing.assert_allclose(
+            arr, ref["top1"][key][1:], rtol=0, atol=atol, err_msg=f"top1_bins.{key}"
+        )
+    for key in ("label_count", "top1_count", "p_mass"):
+        np.testing.assert_allclose(
+            getattr(tables, key), ref["tokens"][key], rtol=0, atol=atol, err_msg=key
+        )
+    sb = tables.seq_bins
+    row = np.searchsorted(ref["seq_ids"], sb.ids)
+    assert np.array_equal(ref["seq_ids"][row], sb.ids), "seq_bins: unknown seq_id"
+    for key, want in ref["seq"].items():
+        got = np.zeros_like(want)
+        np.add.at(got, (row, sb.bins), sb.values[key])
+        np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=f"seq_bins.{key}")
