@@ -8,16 +8,13 @@ from pathlib import Path
 CHECKOUT_SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 
-def schemas_dir() -> Path:
-    try:
-        from importlib.resources import files
+INSTALLED_SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
 
-        path = Path(str(files("pipeline.schemas")))
-        if path.is_dir():
-            return path
-    except (ImportError, ModuleNotFoundError, TypeError):
-        pass
-    return CHECKOUT_SCHEMAS
+
+def schemas_dir() -> Path:
+    # pipeline/schemas/ in a wheel (package data without an __init__.py, so
+    # importlib.resources would see a namespace package: look at the folder).
+    return INSTALLED_SCHEMAS if INSTALLED_SCHEMAS.is_dir() else CHECKOUT_SCHEMAS
 
 
 def schema_file(name: str) -> Path:
