@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -159,6 +160,13 @@ def test_topk_matches_dense_reference(models, corpus, tmp_path, arch, k, tau):
     np.testing.assert_array_equal(
         t.column("label_prob").to_numpy(), probs[np.arange(len(labels)), labels]
     )
+    # sum_p2 (positions v2): the float64 sum of squares of the whole row
+    np.testing.assert_allclose(
+        t.column("sum_p2").to_numpy(),
+        np.square(probs.astype(np.float64)).sum(1),
+        rtol=1e-12,
+        atol=0,
+    )
     # kept + tail reproduce the dense row and column sums
     np.testing.assert_allclose(
         np.add.reduceat(data["kept_probs"].astype(np.float64), data["offsets"][:-1])
@@ -234,6 +242,43 @@ def test_full_store_bfloat16_kept_as_float16(tmp_path, corpus):
     assert torch.equal(stored.to(torch.bfloat16).float(), stored)  # exactly bfloat16 values
     p = np.exp(logits[:].astype(np.float32) - lse[:][:, None])
     np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-5)
+
+
+def test_positions_v2_schema_and_v1_runs_still_open(models, corpus, tmp_path):
+    """New runs write positions v2 (sum_p2); a v1 shard (no sum_p2) still
+    validates and measures to the same numbers."""
+    from pipeline.analysis.metrics import metrics_for_run
+    from pipeline.store.manifest import save_manifest
+    from pipeline.store.schema import POSITIONS_V1, SchemaVersionError, check_table_schema
+    from pipeline.store.validate import find_problems
+
+    run = tmp_path / "run"
+    m = run_extraction(models["gpt2"], corpus, run, shard_positions=200, **QUIET)
+    shard = m["shards"][0]
+    pf = pq.ParquetFile(run / shard["positions"])
+    assert pf.schema_arrow.metadata[b"fullece.schema_version"] == b"2"
+    assert pf.schema_arrow.field("sum_p2").type == "double"
+    v2 = metrics_for_run(run, [10, 100])
+    # rewrite every shard as positions v1, as an older fullece wrote it
+    for s in m["shards"]:
+        path = run / s["positions"]
+        table = pq.read_table(path).drop_columns(["sum_p2"]).cast(POSITIONS_V1)
+        pq.write_table(table, path)
+        s["files"][s["positions"]] = path_sha256(path)
+    save_manifest(run, m)
+    shutil.rmtree(run / "tables", ignore_errors=True)
+    assert find_problems(run, first_only=False) == []
+    v1 = metrics_for_run(run, [10, 100])
+    for a, b in zip(v1["bins"], v2["bins"], strict=True):
+        for key in ("ece", "cw_ece", "full_ece"):
+            assert a[key] == b[key], key
+    bad = POSITIONS_V1.with_metadata({"fullece.table": "positions", "fullece.schema_version": "3"})
+    with pytest.raises(SchemaVersionError, match="positions schema version 3"):
+        check_table_schema(bad, "positions", "x.parquet")
+    with pytest.raises(ValueError, match="missing column.*sum_p2"):
+        check_table_schema(
+            POSITIONS_V1.with_metadata({b"fullece.schema_version": b"2"}), "positions", "x"
+        )
 
 
 def test_batched_matches_unbatched(models, corpus, tmp_path):

@@ -50,6 +50,7 @@ _POSITIONS_ENCODING = {
     "tail_count": "DELTA_BINARY_PACKED",
     "tail_mass": "BYTE_STREAM_SPLIT",
     "tail_max": "BYTE_STREAM_SPLIT",
+    "sum_p2": "BYTE_STREAM_SPLIT",
 }
 _POSITIONS_PATHS = {
     name: (f"{name}.list.element" if name in ("kept_ids", "kept_probs") else name)
@@ -225,7 +226,8 @@ def kept_arrays(batch) -> dict[str, np.ndarray]:
     """Flat numpy views of a positions batch, in the accumulator's update_kept layout.
 
     Returns kept_ids, kept_probs (flat), row_offsets (len n+1) and the scalar
-    columns (label, tail_count, tail_mass, tail_max, top1_id, top1_prob, doc_id).
+    columns (label, tail_count, tail_mass, tail_max, top1_id, top1_prob, doc_id,
+    and sum_p2 when the table is positions v2).
     """
     out = {}
     ids = batch.column("kept_ids")
@@ -238,7 +240,16 @@ def kept_arrays(batch) -> dict[str, np.ndarray]:
     out["kept_ids"] = ids.values.to_numpy()[start:end]
     out["kept_probs"] = probs.values.to_numpy()[start:end]
     out["row_offsets"] = (offsets - start).astype(np.int64)
-    for name in ("doc_id", "label", "tail_count", "tail_mass", "tail_max", "top1_id", "top1_prob"):
+    for name in (
+        "doc_id",
+        "label",
+        "tail_count",
+        "tail_mass",
+        "tail_max",
+        "top1_id",
+        "top1_prob",
+        "sum_p2",  # positions v2 only
+    ):
         if name in batch.schema.names:
             out[name] = batch.column(name).to_numpy()
     return out
