@@ -328,13 +328,14 @@ def test_slices_partition_the_corpus(models, corpus, tmp_path):
 
 def test_resume_after_partial_run_is_identical(models, corpus, tmp_path, monkeypatch):
     """Killing in-process after 2 committed shards, then rerunning, gives the same files."""
-    import pipeline.extract.run as run_mod
 
     settings = dict(shard_positions=150, batch_size=2, **QUIET)
     ref = run_extraction(models["gpt2"], corpus, tmp_path / "ref", **settings)
     assert len(ref["shards"]) >= 4
     calls = {"n": 0}
-    orig = run_mod.ShardSink.commit
+    import pipeline.extract.sink as sink_mod
+
+    orig = sink_mod.ShardSink.commit
 
     def commit_then_die(self, *args):
         out = orig(self, *args)
@@ -345,10 +346,10 @@ def test_resume_after_partial_run_is_identical(models, corpus, tmp_path, monkeyp
             raise KeyboardInterrupt
         return out
 
-    monkeypatch.setattr(run_mod.ShardSink, "commit", commit_then_die)
+    monkeypatch.setattr(sink_mod.ShardSink, "commit", commit_then_die)
     with pytest.raises(KeyboardInterrupt):
         run_extraction(models["gpt2"], corpus, tmp_path / "run", **settings)
-    monkeypatch.setattr(run_mod.ShardSink, "commit", orig)
+    monkeypatch.setattr(sink_mod.ShardSink, "commit", orig)
     assert len(load_manifest(tmp_path / "run")["shards"]) == 2
     done = run_extraction(models["gpt2"], corpus, tmp_path / "run", **settings)
     _assert_same_shards(tmp_path / "ref", ref, tmp_path / "run", done)
@@ -367,7 +368,7 @@ def _assert_same_shards(dir_a, a, dir_b, b):
 
 _SLOW_CLI = """
 import sys, time
-import pipeline.extract.run as r
+import pipeline.extract.loop as r
 _orig = r.forward_logits
 def _slow(lm, inputs):
     time.sleep(0.03)
@@ -476,7 +477,7 @@ def test_k_larger_than_vocab(models, corpus, tmp_path):
 
 
 def test_nan_logits_name_document_and_offset(models, corpus, tmp_path, monkeypatch):
-    import pipeline.extract.run as run_mod
+    import pipeline.extract.loop as run_mod
 
     orig = run_mod.forward_logits
 

@@ -58,12 +58,13 @@ _POSITIONS_PATHS = {
 }
 
 
-def shard_names(index: int) -> dict[str, str]:
-    """Relative paths (from RUN_DIR) of shard `index`'s files."""
+def shard_names(index: int, rank: int | None = None) -> dict[str, str]:
+    """Relative paths (from RUN_DIR) of shard `index`'s files (of torchrun rank `rank`)."""
+    tag = f"r{rank:05d}-{index:05d}" if rank is not None else f"{index:05d}"
     return {
-        "positions": f"{SHARDS_DIR}/positions-{index:05d}.parquet",
-        "class_tail": f"{SHARDS_DIR}/class_tail-{index:05d}.parquet",
-        "logits": f"{SHARDS_DIR}/logits-{index:05d}.zarr",
+        "positions": f"{SHARDS_DIR}/positions-{tag}.parquet",
+        "class_tail": f"{SHARDS_DIR}/class_tail-{tag}.parquet",
+        "logits": f"{SHARDS_DIR}/logits-{tag}.zarr",
     }
 
 
