@@ -192,6 +192,7 @@ class RunWriter:
         verify_committed(self.out, self.manifest)
         (self.out / SHARDS_DIR).mkdir(exist_ok=True)
         self._skip = self.committed_positions if self._public else 0
+        self._next_index = len(self.manifest["shards"])
         self._sink = ShardSink(
             self.out,
             self.manifest,
@@ -261,7 +262,9 @@ class RunWriter:
         self._require_open()
         if self._shard_open:
             raise ExtractError("begin_shard: the previous shard is still open")
-        index = len(self.manifest["shards"]) if index is None else int(index)
+        # the writer thread may not have committed the previous shard yet: count here
+        index = self._next_index if index is None else int(index)
+        self._next_index = index + 1
         self._submit(self._sink.begin, index, rows)
         self._shard_open = True
         self._shard_rows = 0
