@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 
@@ -157,6 +159,8 @@ def extract(
     except (ExtractError, RunError, SchemaVersionError, RunLockedError) as err:
         raise click.ClickException(str(err)) from err
     m_exact = manifest.get("m_exact")
+    if os.environ.get("RANK", "0") != "0":
+        return  # under torchrun, rank 0 reports for the job
     click.echo(
         f"{out}: {manifest['positions']} positions in {len(manifest['shards'])} shard(s), "
         f"K = {manifest['vocab_size']}, skipped documents: {manifest['skipped_documents']}, "

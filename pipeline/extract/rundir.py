@@ -94,6 +94,19 @@ def identity_diff(old: dict, new: dict) -> list[str]:
     return diffs
 
 
+def ranks_committed(out: Path) -> bool:
+    """True when a torchrun rank has committed a shard (listed in ranks/rank-*.json)."""
+    import json
+
+    for path in sorted((out / RANKS_DIR).glob("rank-*.json")):
+        try:
+            if json.loads(path.read_text()).get("shards"):
+                return True
+        except (OSError, ValueError):
+            return True  # unreadable: keep it, never guess that it is empty
+    return False
+
+
 def remove_run(out: Path) -> None:
     """Delete a fullece run's own files (never anything else) for --overwrite."""
     if not is_fullece_manifest(out):
@@ -132,7 +145,7 @@ def prepare_run_dir(out: Path, fresh: dict, overwrite: bool, label: str | None =
                 "choose another directory"
             )
         old = load_manifest(out)
-        if not old.get("shards") and not old.get("complete"):
+        if not old.get("shards") and not old.get("complete") and not ranks_committed(out):
             remove_run(out)  # a failed first attempt: nothing to keep
         else:
             diffs = identity_diff(old, fresh)
