@@ -125,3 +125,23 @@ def test_runwriter_bad_input(tmp_path):
         w.add(torch.zeros(2, 5), torch.tensor([0, 1]))
     assert load_manifest(tmp_path / "b")["positions"] == 2
     assert Path(tmp_path / "b").is_dir()
+
+
+def test_docs_example_runs_and_measures(tmp_path, monkeypatch):
+    """The example of docs/api-runwriter.md runs as written and gives a valid run."""
+    import re
+
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "api-runwriter.md").read_text()
+    code = re.search(r"## Example.*?```python\n(.*?)```", doc, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/api-runwriter.md", "exec"), {})  # noqa: S102 - the doc's own code
+    m = load_manifest(tmp_path / "runs" / "custom")
+    assert m["complete"] and m["positions"] == 40 * 32 and m["label"] == "custom"
+    res = CliRunner().invoke(main, ["validate", "runs/custom"])
+    assert res.exit_code == 0 and "valid" in res.output, res.output
+    res = CliRunner().invoke(main, ["metrics", "runs/custom", "--json"])
+    assert res.exit_code == 0, res.output
