@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -160,6 +161,13 @@ def test_topk_matches_dense_reference(models, corpus, tmp_path, arch, k, tau):
     np.testing.assert_array_equal(
         t.column("label_prob").to_numpy(), probs[np.arange(len(labels)), labels]
     )
+    # sum_p2 (positions v2): the float64 sum of squares of the whole row
+    np.testing.assert_allclose(
+        t.column("sum_p2").to_numpy(),
+        np.square(probs.astype(np.float64)).sum(1),
+        rtol=1e-12,
+        atol=0,
+    )
     # kept + tail reproduce the dense row and column sums
     np.testing.assert_allclose(
         np.add.reduceat(data["kept_probs"].astype(np.float64), data["offsets"][:-1])
@@ -237,6 +245,43 @@ def test_full_store_bfloat16_kept_as_float16(tmp_path, corpus):
     np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-5)
 
 
+def test_positions_v2_schema_and_v1_runs_still_open(models, corpus, tmp_path):
+    """New runs write positions v2 (sum_p2); a v1 shard (no sum_p2) still
+    validates and measures to the same numbers."""
+    from pipeline.analysis.metrics import metrics_for_run
+    from pipeline.store.manifest import save_manifest
+    from pipeline.store.schema import POSITIONS_V1, SchemaVersionError, check_table_schema
+    from pipeline.store.validate import find_problems
+
+    run = tmp_path / "run"
+    m = run_extraction(models["gpt2"], corpus, run, shard_positions=200, **QUIET)
+    shard = m["shards"][0]
+    pf = pq.ParquetFile(run / shard["positions"])
+    assert pf.schema_arrow.metadata[b"fullece.schema_version"] == b"2"
+    assert pf.schema_arrow.field("sum_p2").type == "double"
+    v2 = metrics_for_run(run, [10, 100])
+    # rewrite every shard as positions v1, as an older fullece wrote it
+    for s in m["shards"]:
+        path = run / s["positions"]
+        table = pq.read_table(path).drop_columns(["sum_p2"]).cast(POSITIONS_V1)
+        pq.write_table(table, path)
+        s["files"][s["positions"]] = path_sha256(path)
+    save_manifest(run, m)
+    shutil.rmtree(run / "tables", ignore_errors=True)
+    assert find_problems(run, first_only=False) == []
+    v1 = metrics_for_run(run, [10, 100])
+    for a, b in zip(v1["bins"], v2["bins"], strict=True):
+        for key in ("ece", "cw_ece", "full_ece"):
+            assert a[key] == b[key], key
+    bad = POSITIONS_V1.with_metadata({"fullece.table": "positions", "fullece.schema_version": "3"})
+    with pytest.raises(SchemaVersionError, match="positions schema version 3"):
+        check_table_schema(bad, "positions", "x.parquet")
+    with pytest.raises(ValueError, match="missing column.*sum_p2"):
+        check_table_schema(
+            POSITIONS_V1.with_metadata({b"fullece.schema_version": b"2"}), "positions", "x"
+        )
+
+
 def test_batched_matches_unbatched(models, corpus, tmp_path):
     a = run_extraction(models["gpt2"], corpus, tmp_path / "a", batch_size=1, **QUIET)
     b = run_extraction(models["gpt2"], corpus, tmp_path / "b", batch_size=7, **QUIET)
@@ -284,13 +329,14 @@ def test_slices_partition_the_corpus(models, corpus, tmp_path):
 
 def test_resume_after_partial_run_is_identical(models, corpus, tmp_path, monkeypatch):
     """Killing in-process after 2 committed shards, then rerunning, gives the same files."""
-    import pipeline.extract.run as run_mod
 
     settings = dict(shard_positions=150, batch_size=2, **QUIET)
     ref = run_extraction(models["gpt2"], corpus, tmp_path / "ref", **settings)
     assert len(ref["shards"]) >= 4
     calls = {"n": 0}
-    orig = run_mod.ShardSink.commit
+    import pipeline.extract.sink as sink_mod
+
+    orig = sink_mod.ShardSink.commit
 
     def commit_then_die(self, *args):
         out = orig(self, *args)
@@ -301,10 +347,10 @@ def test_resume_after_partial_run_is_identical(models, corpus, tmp_path, monkeyp
             raise KeyboardInterrupt
         return out
 
-    monkeypatch.setattr(run_mod.ShardSink, "commit", commit_then_die)
+    monkeypatch.setattr(sink_mod.ShardSink, "commit", commit_then_die)
     with pytest.raises(KeyboardInterrupt):
         run_extraction(models["gpt2"], corpus, tmp_path / "run", **settings)
-    monkeypatch.setattr(run_mod.ShardSink, "commit", orig)
+    monkeypatch.setattr(sink_mod.ShardSink, "commit", orig)
     assert len(load_manifest(tmp_path / "run")["shards"]) == 2
     done = run_extraction(models["gpt2"], corpus, tmp_path / "run", **settings)
     _assert_same_shards(tmp_path / "ref", ref, tmp_path / "run", done)
@@ -323,7 +369,7 @@ def _assert_same_shards(dir_a, a, dir_b, b):
 
 _SLOW_CLI = """
 import sys, time
-import pipeline.extract.run as r
+import pipeline.extract.loop as r
 _orig = r.forward_logits
 def _slow(lm, inputs):
     time.sleep(0.03)
@@ -432,7 +478,7 @@ def test_k_larger_than_vocab(models, corpus, tmp_path):
 
 
 def test_nan_logits_name_document_and_offset(models, corpus, tmp_path, monkeypatch):
-    import pipeline.extract.run as run_mod
+    import pipeline.extract.loop as run_mod
 
     orig = run_mod.forward_logits
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 
@@ -81,7 +83,11 @@ import click
 @click.option(
     "--label", default=None, help="Run name shown by `compare` [default: model dir name]."
 )
-@click.option("--overwrite", is_flag=True, help="Replace a different run already in --out.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace a different fullece run already in --out (never other files).",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def extract(
     model,
@@ -110,12 +116,17 @@ def extract(
     an exact tail summary, so all later analysis needs no GPU. Rerunning the
     same command resumes after the last committed shard.
 
+    Under torchrun (``torchrun --nproc-per-node N --no-python fullece extract
+    ...``) each rank extracts its share of the documents into the one run
+    directory, on cuda:LOCAL_RANK when a GPU is used.
+
     \b
     Example:
       fullece extract --model models/ckpt --corpus test.txt --out runs/ckpt
     """
     from pipeline.cli import require_extract_extra
     from pipeline.extract.errors import ExtractError
+    from pipeline.store.lock import RunLockedError
     from pipeline.store.manifest import RunError
 
     require_extract_extra("extract")
@@ -145,9 +156,11 @@ def extract(
             overwrite=overwrite,
             progress=not quiet,
         )
-    except (ExtractError, RunError, SchemaVersionError) as err:
+    except (ExtractError, RunError, SchemaVersionError, RunLockedError) as err:
         raise click.ClickException(str(err)) from err
     m_exact = manifest.get("m_exact")
+    if os.environ.get("RANK", "0") != "0":
+        return  # under torchrun, rank 0 reports for the job
     click.echo(
         f"{out}: {manifest['positions']} positions in {len(manifest['shards'])} shard(s), "
         f"K = {manifest['vocab_size']}, skipped documents: {manifest['skipped_documents']}, "

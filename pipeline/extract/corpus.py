@@ -84,12 +84,31 @@ def iter_documents(path, fmt: str, text_field: str = "text"):
     """Yield (doc_id, text) for every document, in corpus order."""
     path = Path(path)
     check_corpus(path, fmt, text_field)
-    if fmt == "txt":
-        yield from _iter_txt(path)
-    elif fmt == "jsonl":
-        yield from _iter_jsonl(path, text_field)
-    else:
-        yield from _iter_parquet(path, text_field)
+    try:
+        if fmt == "txt":
+            yield from _iter_txt(path)
+        elif fmt == "jsonl":
+            yield from _iter_jsonl(path, text_field)
+        else:
+            yield from _iter_parquet(path, text_field)
+    except UnicodeDecodeError as err:
+        raise _not_utf8(path, err) from None
+
+
+def _not_utf8(path: Path, err: UnicodeDecodeError) -> ExtractError:
+    """A clear error naming the line (and byte) of the first invalid UTF-8 sequence."""
+    opener = gzip.open if path.suffix.lower() == ".gz" else open
+    with opener(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                return ExtractError(
+                    f"corpus {path}, line {lineno}: not valid UTF-8 (byte "
+                    f"{raw[bad.start : bad.start + 1]!r} at column {bad.start + 1}); "
+                    "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                )
+    return ExtractError(f"corpus {path}: not valid UTF-8 ({err})")
 
 
 def _iter_txt(path: Path):
@@ -150,8 +169,11 @@ def count_documents(path, fmt: str, text_field: str = "text") -> int:
 
         return pq.ParquetFile(str(path)).metadata.num_rows
     n = 0
-    with _open_text(path) as f:
-        for line in f:
-            if line.strip():
-                n += 1
+    try:
+        with _open_text(path) as f:
+            for line in f:
+                if line.strip():
+                    n += 1
+    except UnicodeDecodeError as err:
+        raise _not_utf8(path, err) from None
     return n

@@ -62,7 +62,7 @@ def score_rows(
 
     Returns host numpy arrays: label_prob, top1_id, top1_prob, entropy, kept_counts,
     kept_ids, kept_probs (flat, ids ascending within a row), tail_count, tail_mass,
-    tail_max; for the full store also `logits` (list of per-chunk arrays, float16
+    tail_max, sum_p2 (float64 sum of p**2 over the whole row); for the full store also `logits` (list of per-chunk arrays, float16
     or float32) and `logsumexp`. Raises NonFiniteLogitsError(row) on NaN/inf.
     """
     n = int(index.shape[0])
@@ -80,6 +80,7 @@ def score_rows(
             "tail_count",
             "tail_mass",
             "tail_max",
+            "sum_p2",
             "logits",
             "logsumexp",
         )
@@ -114,6 +115,10 @@ def score_rows(
         else:
             top1 = torch.argmax(logp, dim=1)  # first index among ties
         del logp
+        # sum_k p_k^2 of the probabilities of record, summed in float64 (Brier score)
+        p64 = p.double()
+        parts["sum_p2"].append(torch.linalg.vecdot(p64, p64, dim=1))
+        del p64
         keep.scatter_(1, y[:, None], True)
         parts["label_prob"].append(p.gather(1, y[:, None])[:, 0])
         parts["top1_prob"].append(p.gather(1, top1[:, None])[:, 0])

@@ -24,6 +24,9 @@ from pipeline.core.tables import TABLE_FIELDS
 
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
+# The positions table has its own version: v2 adds `sum_p2`. Runs written
+# before it (v1) still open everywhere; writers always write the newest.
+POSITIONS_VERSION = 2
 
 
 class SchemaVersionError(ValueError):
@@ -41,26 +44,34 @@ def check_version(version, where: str) -> None:
 
 # One row per scored position. `kept_probs` is the probability of record
 # (float32); binning always uses float64(p) (see pipeline.core.binning).
-POSITIONS = pa.schema(
-    [
-        pa.field("doc_id", pa.int64(), nullable=False),  # document index in the corpus
-        pa.field("window", pa.int32(), nullable=False),  # sliding-window index in the doc
-        pa.field(
-            "offset", pa.int32(), nullable=False
-        ),  # token index of the label in the doc (>= 1)
-        pa.field("label", pa.int32(), nullable=False),
-        pa.field("label_prob", pa.float32(), nullable=False),
-        pa.field("top1_id", pa.int32(), nullable=False),  # argmax, first index among ties
-        pa.field("top1_prob", pa.float32(), nullable=False),
-        pa.field("entropy", pa.float32(), nullable=False),  # nats, of the full distribution
-        pa.field("kept_ids", pa.list_(pa.int32()), nullable=False),  # label always among them
-        pa.field("kept_probs", pa.list_(pa.float32()), nullable=False),
-        pa.field("tail_count", pa.int32(), nullable=False),
-        pa.field("tail_mass", pa.float64(), nullable=False),
-        pa.field("tail_max", pa.float32(), nullable=False),  # 0 when the tail is empty
-    ],
-    metadata={"fullece.table": "positions", "fullece.schema_version": str(SCHEMA_VERSION)},
+_POSITIONS_V1_FIELDS = [
+    pa.field("doc_id", pa.int64(), nullable=False),  # document index in the corpus
+    pa.field("window", pa.int32(), nullable=False),  # sliding-window index in the doc
+    pa.field("offset", pa.int32(), nullable=False),  # token index of the label in the doc (>= 1)
+    pa.field("label", pa.int32(), nullable=False),
+    pa.field("label_prob", pa.float32(), nullable=False),
+    pa.field("top1_id", pa.int32(), nullable=False),  # argmax, first index among ties
+    pa.field("top1_prob", pa.float32(), nullable=False),
+    pa.field("entropy", pa.float32(), nullable=False),  # nats, of the full distribution
+    pa.field("kept_ids", pa.list_(pa.int32()), nullable=False),  # label always among them
+    pa.field("kept_probs", pa.list_(pa.float32()), nullable=False),
+    pa.field("tail_count", pa.int32(), nullable=False),
+    pa.field("tail_mass", pa.float64(), nullable=False),
+    pa.field("tail_max", pa.float32(), nullable=False),  # 0 when the tail is empty
+]
+POSITIONS_V1 = pa.schema(
+    _POSITIONS_V1_FIELDS,
+    metadata={"fullece.table": "positions", "fullece.schema_version": "1"},
 )
+# v2: + sum_p2 = sum over the whole vocabulary of p_k**2 (float64 sum of the
+# float32 probabilities of record, computed on the device), so the Brier score
+# of a top-k run is exact.
+POSITIONS = pa.schema(
+    [*_POSITIONS_V1_FIELDS, pa.field("sum_p2", pa.float64(), nullable=False)],
+    metadata={"fullece.table": "positions", "fullece.schema_version": str(POSITIONS_VERSION)},
+)
+# Every version of a table that readers accept (tables not listed: SCHEMA_VERSION only).
+TABLE_VERSIONS = {"positions": {1: POSITIONS_V1, POSITIONS_VERSION: POSITIONS}}
 
 # Per shard, per class: tail pairs summed over the shard's positions (both stores;
 # in the full store it describes the positions table's kept lists, while the
@@ -123,9 +134,23 @@ def check_table_schema(schema: pa.Schema, name: str, where: str) -> None:
     """Refuse a Parquet file whose version or columns are not those of `name`."""
     meta = schema.metadata or {}
     version = meta.get(b"fullece.schema_version")
-    if version is not None:
-        check_version(int(version), where)
     expected = TABLE_SCHEMAS[name]
+    versions = TABLE_VERSIONS.get(name)
+    if versions is not None:
+        if version is None:
+            # no version stamp: the oldest layout whose columns are all present
+            version = min(versions)
+            if all(f.name in schema.names for f in expected):
+                version = max(versions)
+        elif int(version) not in versions:
+            raise SchemaVersionError(
+                f"{where}: {name} schema version {int(version)} is not supported by this "
+                f"fullece (supported: {', '.join(map(str, versions))}); "
+                "upgrade fullece or re-extract the run"
+            )
+        expected = versions[int(version)]
+    elif version is not None:
+        check_version(int(version), where)
     missing = [f.name for f in expected if f.name not in schema.names]
     if missing:
         raise ValueError(f"{where}: not a {name} table: missing column(s) {', '.join(missing)}")
@@ -137,19 +162,26 @@ def check_table_schema(schema: pa.Schema, name: str, where: str) -> None:
             )
 
 
+def table_version(schema: pa.Schema) -> int:
+    """The schema version a table's metadata declares (SCHEMA_VERSION when absent)."""
+    version = (schema.metadata or {}).get(b"fullece.schema_version")
+    return int(version) if version is not None else SCHEMA_VERSION
+
+
 def schema_as_json(schema: pa.Schema) -> dict:
     meta = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
     return {
         "table": meta.get("fullece.table"),
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": table_version(schema),
         "columns": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in schema],
     }
 
 
 def write_schema_files(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    for name, schema in TABLE_SCHEMAS.items():
-        path = directory / f"{name}.v{SCHEMA_VERSION}.json"
+    schemas = [*TABLE_SCHEMAS.items(), ("positions", POSITIONS_V1)]
+    for name, schema in schemas:
+        path = directory / f"{name}.v{table_version(schema)}.json"
         path.write_text(json.dumps(schema_as_json(schema), indent=2) + "\n")
     (directory / f"zarr_full.v{SCHEMA_VERSION}.json").write_text(
         json.dumps({"schema_version": SCHEMA_VERSION, "arrays": ZARR_ARRAYS}, indent=2) + "\n"

@@ -50,6 +50,7 @@ _POSITIONS_ENCODING = {
     "tail_count": "DELTA_BINARY_PACKED",
     "tail_mass": "BYTE_STREAM_SPLIT",
     "tail_max": "BYTE_STREAM_SPLIT",
+    "sum_p2": "BYTE_STREAM_SPLIT",
 }
 _POSITIONS_PATHS = {
     name: (f"{name}.list.element" if name in ("kept_ids", "kept_probs") else name)
@@ -57,12 +58,13 @@ _POSITIONS_PATHS = {
 }
 
 
-def shard_names(index: int) -> dict[str, str]:
-    """Relative paths (from RUN_DIR) of shard `index`'s files."""
+def shard_names(index: int, rank: int | None = None) -> dict[str, str]:
+    """Relative paths (from RUN_DIR) of shard `index`'s files (of torchrun rank `rank`)."""
+    tag = f"r{rank:05d}-{index:05d}" if rank is not None else f"{index:05d}"
     return {
-        "positions": f"{SHARDS_DIR}/positions-{index:05d}.parquet",
-        "class_tail": f"{SHARDS_DIR}/class_tail-{index:05d}.parquet",
-        "logits": f"{SHARDS_DIR}/logits-{index:05d}.zarr",
+        "positions": f"{SHARDS_DIR}/positions-{tag}.parquet",
+        "class_tail": f"{SHARDS_DIR}/class_tail-{tag}.parquet",
+        "logits": f"{SHARDS_DIR}/logits-{tag}.zarr",
     }
 
 

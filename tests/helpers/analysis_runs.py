@@ -122,6 +122,7 @@ def positions_table(case: DenseCase, rows: slice, k: int, tau: float | None):
             "tail_count": pa.array((K - counts).astype(np.int32)),
             "tail_mass": pa.array(tail_mass),
             "tail_max": pa.array(tail_max),
+            "sum_p2": pa.array(np.square(P.astype(np.float64)).sum(axis=1)),
         }
     ).cast(POSITIONS)
     class_count = (~mask).sum(axis=0).astype(np.int64)

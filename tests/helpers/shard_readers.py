@@ -49,7 +49,8 @@ def kept_arrays(batch) -> dict[str, np.ndarray]:
     out["kept_ids"] = ids.values.to_numpy()[start:end]
     out["kept_probs"] = probs.values.to_numpy()[start:end]
     out["row_offsets"] = (offsets - start).astype(np.int64)
-    for name in ("doc_id", "label", "tail_count", "tail_mass", "tail_max", "top1_id", "top1_prob"):
+    names = ("doc_id", "label", "tail_count", "tail_mass", "tail_max", "top1_id", "top1_prob")
+    for name in (*names, "sum_p2"):  # sum_p2: positions v2 only
         if name in batch.schema.names:
             out[name] = batch.column(name).to_numpy()
     return out

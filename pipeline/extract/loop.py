@@ -1,0 +1,310 @@
+"""The extraction loop: corpus -> tokens -> shard plans -> batches -> model -> RunWriter.
+
+``run_extraction`` loads the model and tokenizer, plans shards at document
+boundaries (pipeline.extract.plan), runs the forward pass, and hands each
+batch's logits to a RunWriter in planned mode (the writer reduces them on the
+device and commits shards; see pipeline.extract.writer). Under torchrun each
+rank runs this on its share of the documents (pipeline.extract.dist).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.extract.corpus import check_corpus, count_documents, detect_format, iter_documents
+from pipeline.extract.errors import ExtractError
+from pipeline.extract.plan import batches, plan_shards, tokenized
+from pipeline.extract.settings import (
+    DEFAULT_MAX_LENGTH_CAP,
+    check_kernel_settings,
+    compose_slices,
+    default_chunk_rows,
+    default_shard_positions,
+    parse_slice,
+)
+from pipeline.store.manifest import file_sha256
+
+
+def run_extraction(
+    model,
+    corpus,
+    out,
+    *,
+    store: str = "topk",
+    k: int = 64,
+    tau: float = 1e-3,
+    max_length: int | None = None,
+    stride: int | None = None,
+    batch_size: int = 8,
+    device: str = "auto",
+    dtype: str = "auto",
+    shard_positions: int | None = None,
+    slice=(0, 1),  # noqa: A002 - mirrors --slice
+    text_field: str = "text",
+    corpus_format: str | None = None,
+    tokenizer: str | None = None,
+    label: str | None = None,
+    chunk_elements: int | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Run the causal LM in directory `model` over `corpus`, writing run directory `out`.
+
+    store: "topk" (Parquet kept entries + tail) or "full" (Zarr logits as well).
+    k, tau: kept entries = top-k ∪ {p > tau} ∪ {label}.
+    max_length / stride: window length and step for long documents (defaults:
+    the model's context, capped at 2048, and half of it).
+    shard_positions: a shard closes at the first document boundary after this
+    many rows (default 2**20 for topk; about 4 GiB of logits for full).
+    slice: (i, n) or "i/n": only documents with doc_id % n == i.
+    Under torchrun (WORLD_SIZE > 1 in the environment) each rank extracts
+    slice RANK/WORLD_SIZE of that into the same `out`.
+    Returns the manifest (also in out/manifest.json). Rerunning with the same
+    arguments resumes after the last committed shard(s).
+    """
+    t_start = time.perf_counter()
+    model_dir = Path(model)
+    corpus = Path(corpus)
+    out = Path(out)
+    check_kernel_settings(store, k, tau)
+    if int(batch_size) < 1:
+        raise ExtractError(f"--batch-size {batch_size}: must be >= 1")
+    slice_i, slice_n = parse_slice(slice)
+    fmt = detect_format(corpus, corpus_format)
+    check_corpus(corpus, fmt, text_field)
+    n_docs = count_documents(corpus, fmt, text_field)
+    if n_docs == 0:
+        raise ExtractError(f"corpus {corpus}: holds no documents")
+    slice_docs = len(range(slice_i, n_docs, slice_n))
+    if slice_docs == 0:
+        raise ExtractError(f"--slice {slice_i}/{slice_n}: empty for a corpus of {n_docs} documents")
+
+    from pipeline.extract import model as hf
+
+    config = hf.read_config(model_dir)
+    tok_dir = Path(tokenizer) if tokenizer else model_dir
+    if not tok_dir.is_dir():
+        raise ExtractError(f"tokenizer directory {tok_dir} does not exist")
+    dev = hf.resolve_device(device)
+
+    import torch
+
+    from pipeline.extract.dist import Dist, env_world
+    from pipeline.extract.writer import RunWriter, new_manifest
+
+    rank, world, local_rank = env_world()
+    torch_dev = f"cuda:{local_rank}" if dev == "cuda" and world > 1 else dev
+    lm, vocab = hf.load_model(model_dir, device=torch_dev, dtype=dtype)
+    tok = hf.load_tokenizer(tok_dir)
+    if int(k) > vocab:
+        raise ExtractError(f"--k {k} is larger than the model's output width K = {vocab}")
+    ctx = hf.context_length(lm)
+    if max_length is None:
+        max_length = min(ctx or DEFAULT_MAX_LENGTH_CAP, DEFAULT_MAX_LENGTH_CAP)
+    max_length = int(max_length)
+    if max_length < 2:
+        raise ExtractError(f"--max-length {max_length}: must be >= 2")
+    if ctx is not None and max_length > ctx:
+        raise ExtractError(f"--max-length {max_length} exceeds the model's context of {ctx} tokens")
+    stride = int(stride) if stride is not None else max(1, max_length // 2)
+    if not 1 <= stride < max_length:
+        raise ExtractError(f"--stride {stride}: need 1 <= stride < max-length ({max_length})")
+    if shard_positions is None:
+        shard_positions = default_shard_positions(store, vocab)
+    shard_positions = int(shard_positions)
+    if shard_positions < 1:
+        raise ExtractError(f"--shard-positions {shard_positions}: must be >= 1")
+    chunk_rows = default_chunk_rows(dev, vocab, chunk_elements)
+
+    model_files = hf.directory_files(model_dir)
+    tok_files = (
+        model_files if tok_dir.resolve() == model_dir.resolve() else hf.directory_files(tok_dir)
+    )
+    corpus_sha = file_sha256(corpus)
+    settings = {
+        "store": store,
+        "k": int(k),
+        "tau": float(tau),
+        "max_length": max_length,
+        "stride": stride,
+        "batch_size": int(batch_size),
+        "device": dev,
+        "dtype": dtype,
+        "shard_positions": shard_positions,
+        "slice": [slice_i, slice_n],
+        "chunk_rows": chunk_rows,
+        "world_size": world,
+    }
+    fresh = new_manifest(
+        vocab_size=vocab,
+        store=store,
+        label=label or model_dir.resolve().name,
+        settings=settings,
+        model={
+            "path": str(model_dir.resolve()),
+            "architecture": (config.get("architectures") or [type(lm).__name__])[0],
+            "dtype": str(next(lm.parameters()).dtype).replace("torch.", ""),
+            "files": model_files,
+        },
+        tokenizer={"path": str(tok_dir.resolve()), "files": tok_files},
+        corpus={
+            "path": str(corpus.resolve()),
+            "format": fmt,
+            "text_field": text_field,
+            "sha256": corpus_sha,
+            "documents": n_docs,
+            "slice_documents": slice_docs,
+        },
+    )
+    dist = Dist.from_env(dev)
+    my_i, my_n = compose_slices((slice_i, slice_n), (rank, world)) if dist else (slice_i, slice_n)
+    my_docs = len(range(my_i, n_docs, my_n))
+    writer = RunWriter(
+        out,
+        vocab_size=vocab,
+        store=store,
+        k=int(k),
+        tau=float(tau),
+        shard_positions=shard_positions,
+        label=label,
+        chunk_rows=chunk_rows,
+        overwrite=overwrite,
+        manifest=fresh,
+        where=str(corpus),
+        dist=dist,
+    )
+    try:
+        writer.open()
+        if writer.complete:
+            return writer.finish()
+        manifest = writer.manifest
+        shards = manifest["shards"]
+        resume_doc = shards[-1]["doc_end"] if shards else 0
+        done_docs = sum(s["documents"] + s["skipped"] for s in shards)
+        done_rows = sum(s["rows"] for s in shards)
+        documents = (
+            (d, text)
+            for d, text in iter_documents(corpus, fmt, text_field)
+            if d >= resume_doc and d % my_n == my_i
+        )
+        plans = plan_shards(
+            tokenized(tok, documents, vocab_size=vocab, corpus=corpus),
+            first_index=len(shards),
+            first_doc=resume_doc,
+            shard_positions=shard_positions,
+        )
+        bar = _progress_bar(progress and (dist is None or dist.rank == 0), done_rows)
+        trailing_skipped = 0
+        planned_rows, planned_docs = done_rows, done_docs
+        t_loop = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                for plan in plans:
+                    if plan.rows == 0:
+                        trailing_skipped = plan.skipped
+                        break
+                    planned_rows += plan.rows
+                    planned_docs += len(plan.docs) + plan.skipped
+                    _estimate_total(bar, planned_rows, planned_docs, my_docs)
+                    writer.begin_shard(plan.index, plan.rows)
+                    for batch in batches(
+                        plan,
+                        max_length=max_length,
+                        stride=stride,
+                        batch_size=int(batch_size),
+                        pad_id=0,
+                    ):
+                        _score_batch(lm, batch, torch_dev, vocab, writer)
+                        bar.update(len(batch["label"]))
+                    writer.end_shard(
+                        {
+                            "doc_start": plan.doc_start,
+                            "doc_end": plan.doc_end,
+                            "documents": len(plan.docs),
+                            "skipped": plan.skipped,
+                        }
+                    )
+                writer.drain()
+        finally:
+            bar.close()
+        t_end = time.perf_counter()
+        skipped = int(sum(s["skipped"] for s in shards) + trailing_skipped)
+        if dist is None and sum(s["rows"] for s in shards) == 0:
+            raise ExtractError(
+                f"corpus {corpus}: no document (of slice {slice_i}/{slice_n}) has 2 or more tokens"
+            )
+        # the corpus must be the one whose sha256 the manifest records, start to end
+        if file_sha256(corpus) != manifest["corpus"]["sha256"]:
+            raise ExtractError(
+                f"corpus {corpus} changed during extraction (its sha256 differs from the one "
+                "recorded at the start); the run is not marked complete. Restore the corpus "
+                "and rerun to resume, or rerun with --overwrite to extract the new one"
+            )
+        return writer.finish(
+            skipped_documents=skipped,
+            timing={
+                "load_seconds": round(t_loop - t_start, 3),
+                "loop_seconds": round(t_end - t_loop, 3),
+            },
+        )
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        if dist is not None:
+            dist.close()
+
+
+def _score_batch(lm, batch, dev, vocab, writer) -> None:
+    import torch
+
+    inputs = torch.from_numpy(batch["inputs"]).to(dev)
+    logits = forward_logits(lm, inputs)
+    if logits.shape[-1] != vocab:
+        raise ExtractError(
+            f"the model's logits have width {logits.shape[-1]}, expected K = {vocab}"
+        )
+    writer.add(
+        logits.reshape(-1, vocab),
+        torch.from_numpy(batch["label"].astype(np.int64)),
+        batch["doc_id"],
+        batch["offset"],
+        windows=batch["window"],
+        index=torch.from_numpy(batch["index"]),
+    )
+
+
+def forward_logits(lm, inputs):
+    """The bare forward pass: logits [B, L, K] in the model's output precision.
+
+    Windows are right-padded; a causal model's logits at real tokens do not
+    depend on the padding after them, so no attention mask is needed.
+    """
+    return lm(input_ids=inputs, use_cache=False).logits
+
+
+def _progress_bar(enabled: bool, initial: int):
+    from tqdm import tqdm
+
+    return tqdm(
+        total=None,
+        initial=initial,
+        unit="pos",
+        unit_scale=True,
+        dynamic_ncols=True,
+        file=sys.stderr,
+        disable=not enabled,
+        desc="extract",
+        smoothing=0.1,
+    )
+
+
+def _estimate_total(bar, rows: int, docs: int, slice_docs: int) -> None:
+    """Total positions of the slice, extrapolated from the documents planned so far."""
+    if docs:
+        bar.total = max(rows, int(round(rows / docs * slice_docs)))
+        bar.refresh()

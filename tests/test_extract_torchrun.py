@@ -1,0 +1,198 @@
+"""`fullece extract` under real torchrun (2 CPU processes, gloo): the run equals
+a single-process run of the same command; a killed rank leaves a run that the
+same command resumes; settings and shard entries record the ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from pipeline.store.manifest import load_manifest  # noqa: E402
+from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+FULLECE = Path(sys.executable).parent / "fullece"
+TABLES = ("class_bins", "top1_bins", "tokens", "seq_bins")
+KEYS = {"class_bins": ["class_id", "bin"], "top1_bins": ["bin"], "tokens": ["class_id"]}
+KEYS["seq_bins"] = ["seq_id", "bin"]
+_SLOW_SCRIPT = """
+import sys, time
+import pipeline.extract.loop as r
+_orig = r.forward_logits
+def _slow(lm, inputs):
+    time.sleep(0.4)
+    return _orig(lm, inputs)
+r.forward_logits = _slow
+from pipeline.cli import main
+sys.exit(main())
+"""
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not FULLECE.exists(), reason="the fullece entry point is not installed"),
+]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    base = tmp_path_factory.mktemp("tr")
+    model = build_gpt2(base / "gpt2", scale=0.5)
+    corpus = write_corpus(base / "c.txt", synthetic_texts(30, seed=5, min_words=1, max_words=25))
+    return model, corpus
+
+
+def _env():
+    # one thread per process on both sides, as torchrun sets it, so float results are comparable
+    return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+
+
+def _args(model, corpus, out, store):
+    return [
+        "extract",
+        "--model",
+        str(model),
+        "--corpus",
+        str(corpus),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--quiet",
+        "--store",
+        store,
+        "--batch-size",
+        "1",
+        "--shard-positions",
+        "50",
+    ]
+
+
+def _torchrun(*cmd, **kw):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    return subprocess.Popen(
+        [*launcher, "--nproc-per-node", "2", *cmd],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kw,
+    )
+
+
+def _positions(run):
+    m = load_manifest(run)
+    table = pa.concat_tables(pq.read_table(run / s["positions"]) for s in m["shards"])
+    return table.sort_by([("doc_id", "ascending"), ("offset", "ascending")])
+
+
+def _tables(run):
+    from pipeline.aggregate import aggregate
+
+    out, _ = aggregate(run, progress=False)
+    return {
+        name: pq.read_table(out / f"{name}.parquet").sort_by([(k, "ascending") for k in KEYS[name]])
+        for name in TABLES
+    }
+
+
+def _assert_same_run(ref_dir, run_dir):
+    ref, got = load_manifest(ref_dir), load_manifest(run_dir)
+    assert got["complete"] and got["settings"]["world_size"] == 2
+    assert ref["settings"]["world_size"] == 1
+    assert {s["rank"] for s in got["shards"]} == {0, 1}
+    for key in ("positions", "skipped_documents", "m_exact", "tail_max", "vocab_size"):
+        assert got[key] == ref[key], key
+    a, b = _positions(ref_dir), _positions(run_dir)
+    assert a.num_rows == b.num_rows == ref["positions"]
+    for name in a.schema.names:
+        assert a.column(name).equals(b.column(name)), name
+    ta, tb = _tables(ref_dir), _tables(run_dir)
+    for name in TABLES:
+        assert ta[name].num_rows == tb[name].num_rows, name
+        for col in ta[name].schema.names:
+            x, y = ta[name].column(col).to_numpy(), tb[name].column(col).to_numpy()
+            if x.dtype.kind == "f":  # sums over shards in another order
+                np.testing.assert_allclose(y, x, rtol=1e-12, atol=1e-15, err_msg=f"{name}.{col}")
+            else:
+                np.testing.assert_array_equal(y, x, err_msg=f"{name}.{col}")
+    from pipeline.store.validate import find_problems
+
+    assert find_problems(run_dir, first_only=False) == []
+
+
+@pytest.mark.parametrize("store", ["topk", "full"])
+def test_torchrun_equals_single_process(setup, tmp_path, store):
+    model, corpus = setup
+    ref = subprocess.run(
+        [str(FULLECE), *_args(model, corpus, tmp_path / "ref", store)],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+    )
+    assert ref.returncode == 0, ref.stderr.decode()[-3000:]
+    proc = _torchrun("--no-python", str(FULLECE), *_args(model, corpus, tmp_path / "run", store))
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert out.decode().count("positions in") == 1  # rank 0 reports for the job
+    _assert_same_run(tmp_path / "ref", tmp_path / "run")
+
+
+def test_killed_rank_and_resume(setup, tmp_path):
+    model, corpus = setup
+    script = tmp_path / "slow_fullece.py"
+    script.write_text(_SLOW_SCRIPT)
+    run = tmp_path / "run"
+    args = _args(model, corpus, run, "topk")
+    proc = _torchrun(str(script), *args, start_new_session=True)
+    deadline = time.time() + 300
+    committed = {}
+    while time.time() < deadline and proc.poll() is None:
+        for r in (0, 1):
+            try:
+                committed[r] = len(
+                    json.loads((run / "ranks" / f"rank-{r:05d}.json").read_text())["shards"]
+                )
+            except (OSError, ValueError, KeyError):
+                pass
+        if committed.get(0, 0) >= 1 and committed.get(1, 0) >= 1:
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+    holder = json.loads((run / ".lock").read_text())["pid"]  # rank 0 holds the lock
+    os.kill(holder, signal.SIGKILL)
+    proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    part = load_manifest(run)
+    assert not part["complete"]
+    kept = {}
+    for r in (0, 1):
+        for shard in json.loads((run / "ranks" / f"rank-{r:05d}.json").read_text())["shards"]:
+            kept[shard["positions"]] = os.stat(run / shard["positions"]).st_ino
+    assert len(kept) >= 2
+    done = _torchrun("--no-python", str(FULLECE), *args)
+    _, err = done.communicate(timeout=600)
+    assert done.returncode == 0, err.decode()[-3000:]
+    ref = subprocess.run(
+        [str(FULLECE), *_args(model, corpus, tmp_path / "ref", "topk")],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+    )
+    assert ref.returncode == 0, ref.stderr.decode()[-3000:]
+    _assert_same_run(tmp_path / "ref", run)
+    # the shards committed before the kill were resumed from, not rewritten
+    for rel, inode in kept.items():
+        assert os.stat(run / rel).st_ino == inode, rel
