@@ -218,7 +218,7 @@ class TokenCalibrationError(Metric):
         s = sum(self.n_bins)
         col_sums = p.sum(dim=0, dtype=torch.float64)  # [K], all in bin 1 first ...
         hit_idx, p_idx, p_val = [], [], []
-        for m, offset in zip(self.n_bins, self._offsets):  # a few M, not positions
+        for m, offset in zip(self.n_bins, self._offsets, strict=True):  # a few M, not positions
             hit_idx.append(y * s + offset + fine_bin_index(label_p, m) - 1)
             # ... then each pair above 1/F moves from bin 1 to its bin at M
             # (pairs above 1/M are among them since M divides F)
@@ -250,7 +250,7 @@ class TokenCalibrationError(Metric):
             class_p_sum = self.class_p_sum.detach().cpu().numpy()
         fine = np.arange(1, f + 1)
         out = {}
-        for m, offset in zip(self.n_bins, self._offsets):
+        for m, offset in zip(self.n_bins, self._offsets, strict=True):
             coarse = coarsen_bins(fine, f, m) - 1
 
             def by_bin(values, m=m, coarse=coarse):
