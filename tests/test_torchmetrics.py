@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchmetrics")
@@ -78,6 +80,29 @@ def test_matches_functional_api_and_reference(dtype, k):
     metric.update(logits[1:], labels[1:])
     probs, y = _records(logits, labels)
     _assert_matches(metric.compute(), probs, y, n_bins, classwise=True)
+
+
+# logits from a few values (ties, -inf: probabilities exactly 0, 1, 1/2, ...)
+_LOGIT = st.sampled_from([0.0, 0.0, 1.0, -1.0, 2.5, -3.0, 8.0, NEG_INF])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), k=st.integers(1, 6), n=st.integers(1, 12))
+def test_hypothesis_matches_api_and_reference(data, k, n):
+    rows = data.draw(st.lists(st.lists(_LOGIT, min_size=k, max_size=k), min_size=n, max_size=n))
+    rows = [r if any(v != NEG_INF for v in r) else [0.0] * k for r in rows]
+    labels = data.draw(st.lists(st.integers(-1, k - 1), min_size=n, max_size=n))
+    n_bins = tuple(data.draw(st.sets(st.sampled_from([1, 2, 3, 4, 5, 8, 10]), min_size=1)))
+    logits = torch.tensor(rows, dtype=torch.float32)
+    y = torch.tensor(labels)
+    metric = TokenCalibrationError(k, n_bins=n_bins, classwise=True, ignore_index=-1)
+    metric.update(logits, y)
+    if (y == -1).all():
+        with pytest.raises(ValueError, match="no positions"):
+            metric.compute()
+        return
+    probs, kept = _records(logits, y, ignore_index=-1)
+    _assert_matches(metric.compute(), probs, kept, n_bins, classwise=True)
 
 
 def test_bin_edges_are_the_projects_rule():
