@@ -13,6 +13,8 @@ import math
 
 import numpy as np
 
+from pipeline.core.checks import is_torch_tensor
+
 MAX_BINS = 2**29  # keeps float64(p32) * M exact
 
 
@@ -25,8 +27,18 @@ def check_n_bins(n_bins) -> int:
 
 
 def fine_bin_index(probs, n_bins: int) -> np.ndarray:
-    """1-based bin of each float32 probability of record at M = n_bins."""
+    """1-based bin of each float32 probability of record at M = n_bins.
+
+    A torch tensor is binned on its own device by the same formula and gives
+    an int64 tensor (the in-loop metric, pipeline.torchmetrics); anything
+    else gives a numpy int32 array.
+    """
     n_bins = check_n_bins(n_bins)
+    if is_torch_tensor(probs):
+        import torch
+
+        p64 = probs.to(torch.float32).to(torch.float64)
+        return torch.clamp_min(torch.ceil(p64 * n_bins), 1).to(torch.int64)
     p64 = np.asarray(probs, dtype=np.float32).astype(np.float64)
     return np.maximum(np.ceil(p64 * n_bins), 1).astype(np.int32)
 

@@ -1,0 +1,1 @@
+"""Hooks for other people's training loops (each module imports its framework lazily)."""

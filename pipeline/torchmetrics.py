@@ -1,0 +1,276 @@
+"""Full-ECE, ECE and cw-ECE inside training and evaluation loops: a torchmetrics Metric.
+
+``TokenCalibrationError`` keeps the same additive sums as the bin tables of a
+run (docs/design.md), reduced on the device of each batch, so no logits ever
+leave it and no dump is needed::
+
+    metric = TokenCalibrationError(vocab_size=model.config.vocab_size).to(device)
+    for batch in loader:
+        logits = model(batch["input_ids"]).logits
+        metric.update(logits[:, :-1], batch["input_ids"][:, 1:])
+    values = metric.compute()   # {"ece@5": tensor(...), "full_ece@5": ..., ...}
+
+Under torch.distributed (DDP, torchrun) ``compute()`` sums the states of all
+processes (torchmetrics' own synchronisation): every process gets the values
+of all the data.
+
+The probability of record (:func:`pipeline.core.probability.probs_of_record`),
+the bin rule (:func:`pipeline.core.binning.fine_bin_index`) and the metric
+formulas (:mod:`pipeline.core.metrics`) are the project's own: this module only
+decides what to sum.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torchmetrics import Metric
+
+from pipeline import DEFAULT_FINE_BINS, PAPER_BINS
+from pipeline.core.binning import bin1_threshold, check_n_bins, coarsen_bins, fine_bin_index
+from pipeline.core.checks import InputError
+from pipeline.core.metrics import classwise_ece_formula, ece_formula, full_ece_formula
+from pipeline.core.probability import probs_of_record
+
+__all__ = ["TokenCalibrationError", "fine_grid_for"]
+
+# Past this the pooled/top-1 state (48 bytes per fine bin) stops being small.
+MAX_FINE_BINS = 1_000_000
+# float32 temporaries per block of rows: bounds update()'s extra device memory
+# (probabilities plus a few [rows, K] masks) whatever the batch size.
+_BLOCK_ELEMENTS = 1 << 25
+
+
+def fine_grid_for(n_bins) -> int:
+    """The fine grid F that every M of `n_bins` divides: DEFAULT_FINE_BINS when
+    they all divide it (the run tables' grid), else their least common multiple."""
+    lcm = math.lcm(*n_bins)
+    if DEFAULT_FINE_BINS % lcm == 0:
+        return DEFAULT_FINE_BINS
+    if lcm > MAX_FINE_BINS:
+        raise ValueError(
+            f"the least common multiple of n_bins={tuple(n_bins)} is {lcm} > {MAX_FINE_BINS}: "
+            "choose bin counts with a smaller common multiple (e.g. divisors of 1000)"
+        )
+    return lcm
+
+
+class TokenCalibrationError(Metric):
+    """ECE, Full-ECE and (optionally) cw-ECE of next-token predictions, per M.
+
+    Args:
+        vocab_size: K, the width of the logits (the model's output size).
+        n_bins: the M values to report; each becomes ``ece@M``, ``full_ece@M``
+            (and ``cw_ece@M``) in :meth:`compute`.
+        classwise: also keep per-class state for cw-ECE.
+        ignore_index: label value of positions to skip (padding, prompts).
+        **kwargs: passed to :class:`torchmetrics.Metric` (``sync_on_compute``,
+            ``process_group``, ...).
+
+    ``update(logits, labels)`` takes logits ``[..., K]`` (any float dtype, any
+    device; the probability of record is float32 ``exp(logit - logsumexp)``)
+    and integer labels ``[...]``; positions whose label equals
+    ``ignore_index`` are skipped.
+
+    State (all summed across processes, ``dist_reduce_fx="sum"``), with F the
+    fine grid (:func:`fine_grid_for`, 1000 for the paper's M):
+
+    * pooled pairs per fine bin: ``pooled_n`` (int64), ``pooled_p_sum``
+      (float64), ``pooled_hits`` (int64);
+    * top-1 per fine bin: ``top1_n``, ``top1_conf_sum``, ``top1_correct``;
+    * ``positions`` (int64).
+
+    That is 48 F bytes (48 kB at F = 1000), whatever K and the data size.
+    With ``classwise=True`` two more states hold per class and per bin of
+    every M (S = sum of n_bins, 885 for the paper's M): ``class_hits``
+    (int64) and ``class_p_sum`` (float64), ``[K, S]``, i.e. 16 K S bytes:
+    453 MB at K = 32000, 712 MB at K = 50257, per process, plus as much
+    again while processes synchronise.
+
+    Per update the extra device memory is bounded by blocks of
+    ``2**25 / K`` rows (a few [rows, K] float32 temporaries).
+    """
+
+    is_differentiable = False
+    higher_is_better = False
+    full_state_update = False
+
+    def __init__(
+        self,
+        vocab_size: int,
+        n_bins=PAPER_BINS,
+        classwise: bool = False,
+        ignore_index: int | None = -100,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
+            raise TypeError(f"vocab_size must be an integer, got {vocab_size!r}")
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        if isinstance(n_bins, (int, np.integer)):
+            n_bins = (n_bins,)
+        n_bins = tuple(dict.fromkeys(check_n_bins(m) for m in n_bins))
+        if not n_bins:
+            raise ValueError("n_bins must name at least one M")
+        self.vocab_size = int(vocab_size)
+        self.n_bins = n_bins
+        self.classwise = bool(classwise)
+        self.ignore_index = ignore_index
+        self.fine_bins = fine_grid_for(n_bins)
+        # float32 p > threshold  <=>  p lies above fine bin 1 (exact, see binning)
+        self._bin1_threshold = float(bin1_threshold(self.fine_bins))
+        f = self.fine_bins
+
+        def zeros(*shape, dtype):
+            return torch.zeros(*shape, dtype=dtype)
+
+        self.add_state("positions", zeros((), dtype=torch.int64), dist_reduce_fx="sum")
+        for name, dtype in (
+            ("pooled_n", torch.int64),
+            ("pooled_p_sum", torch.float64),
+            ("pooled_hits", torch.int64),
+            ("top1_n", torch.int64),
+            ("top1_conf_sum", torch.float64),
+            ("top1_correct", torch.int64),
+        ):
+            self.add_state(name, zeros(f, dtype=dtype), dist_reduce_fx="sum")
+        # column offset of each M's bins inside the [K, S] per-class state
+        self._offsets = tuple(np.cumsum((0,) + n_bins[:-1]).tolist())
+        if self.classwise:
+            s = sum(n_bins)
+            k = self.vocab_size
+            self.add_state("class_hits", zeros(k, s, dtype=torch.int64), dist_reduce_fx="sum")
+            self.add_state("class_p_sum", zeros(k, s, dtype=torch.float64), dist_reduce_fx="sum")
+
+    # ------------------------------------------------------------------ update
+
+    def update(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        k = self.vocab_size
+        if logits.ndim < 1 or logits.shape[-1] != k:
+            raise InputError(
+                f"logits must be [..., K] with K = vocab_size = {k}, got shape {tuple(logits.shape)}"
+            )
+        if tuple(labels.shape) != tuple(logits.shape[:-1]):
+            raise InputError(
+                f"labels must have the logits' leading shape {tuple(logits.shape[:-1])}, "
+                f"got {tuple(labels.shape)}"
+            )
+        if labels.is_floating_point() or labels.is_complex():
+            raise InputError(f"labels must be integer class ids, got dtype {labels.dtype}")
+        x = logits.detach().reshape(-1, k)
+        y = labels.detach().reshape(-1).to(device=x.device, dtype=torch.int64)
+        if self.ignore_index is not None:
+            kept = (y != self.ignore_index).nonzero().squeeze(1)
+            if kept.numel() == 0:
+                return
+            if kept.numel() < y.numel():
+                x, y = x.index_select(0, kept), y.index_select(0, kept)
+        else:
+            kept = None
+        bad = ((y < 0) | (y >= k)).nonzero()
+        if bad.numel():
+            i = int(bad[0, 0])
+            where = i if kept is None else int(kept[i])
+            raise InputError(
+                f"label {int(y[i])} at position {where} of this batch (flattened) is outside "
+                f"[0, {k}) and is not ignore_index={self.ignore_index}"
+            )
+        rows = max(1, _BLOCK_ELEMENTS // k)
+        for start in range(0, y.numel(), rows):
+            self._update_block(x[start : start + rows], y[start : start + rows])
+
+    def _update_block(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        n, k, f = y.numel(), self.vocab_size, self.fine_bins
+        p = probs_of_record(x)  # float32 [n, K] on x's device; raises on NaN/inf
+        arange = torch.arange(n, device=p.device)
+        label_p = p[arange, y]
+
+        # top-1: the first maximal index, as numpy's argmax and the run tables
+        top1_id = p.argmax(dim=1)
+        top1_p = p[arange, top1_id]
+        tb = fine_bin_index(top1_p, f) - 1
+        self.top1_n += torch.bincount(tb, minlength=f)
+        self.top1_conf_sum += torch.bincount(tb, weights=top1_p.double(), minlength=f)
+        self.top1_correct += torch.bincount(tb[top1_id == y], minlength=f)
+
+        # pooled pairs: most lie in fine bin 1, so bin 1 is the total minus the
+        # few pairs above it (at most F - 1 per row), which are binned sparsely
+        big_rows, big_cols = (p > self._bin1_threshold).nonzero(as_tuple=True)
+        big_p = p[big_rows, big_cols]
+        big_p64 = big_p.double()
+        fb = fine_bin_index(big_p, f) - 1
+        self.pooled_n += torch.bincount(fb, minlength=f)
+        self.pooled_n[0] += n * k - big_p.numel()
+        self.pooled_p_sum += torch.bincount(fb, weights=big_p64, minlength=f)
+        self.pooled_p_sum[0] += p.sum(dtype=torch.float64) - big_p64.sum()
+        self.pooled_hits += torch.bincount(fine_bin_index(label_p, f) - 1, minlength=f)
+        self.positions += n
+
+        if self.classwise:
+            self._update_classes(p, y, label_p, big_cols, big_p, big_p64)
+
+    def _update_classes(self, p, y, label_p, big_cols, big_p, big_p64) -> None:
+        """Per class and per bin of each M, with index_add_ into the flat state
+        (O(n + pairs above 1/F) work, not O(K S))."""
+        s = sum(self.n_bins)
+        col_sums = p.sum(dim=0, dtype=torch.float64)  # [K], all in bin 1 first ...
+        hit_idx, p_idx, p_val = [], [], []
+        for m, offset in zip(self.n_bins, self._offsets, strict=True):  # a few M, not positions
+            hit_idx.append(y * s + offset + fine_bin_index(label_p, m) - 1)
+            # ... then each pair above 1/F moves from bin 1 to its bin at M
+            # (pairs above 1/M are among them since M divides F)
+            p_idx += [big_cols * s + offset + fine_bin_index(big_p, m) - 1, big_cols * s + offset]
+            p_val += [big_p64, -big_p64]
+            self.class_p_sum[:, offset] += col_sums
+        hits = torch.cat(hit_idx)
+        self.class_hits.view(-1).index_add_(0, hits, torch.ones_like(hits))
+        self.class_p_sum.view(-1).index_add_(0, torch.cat(p_idx), torch.cat(p_val))
+
+    # ----------------------------------------------------------------- compute
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        """``{"ece@M": ..., "full_ece@M": ..., "cw_ece@M": ...}`` for each M:
+        float64 scalar tensors on the metric's device, ready for ``log_dict``."""
+        positions = int(self.positions)
+        if positions == 0:
+            raise ValueError(
+                "TokenCalibrationError.compute(): no positions were added "
+                "(every label was ignore_index, or update() was never called)"
+            )
+        f = self.fine_bins
+        state = {
+            name: getattr(self, name).detach().cpu().numpy()
+            for name in ("top1_conf_sum", "top1_correct", "pooled_p_sum", "pooled_hits")
+        }
+        if self.classwise:
+            class_hits = self.class_hits.detach().cpu().numpy()
+            class_p_sum = self.class_p_sum.detach().cpu().numpy()
+        fine = np.arange(1, f + 1)
+        out = {}
+        for m, offset in zip(self.n_bins, self._offsets, strict=True):
+            coarse = coarsen_bins(fine, f, m) - 1
+
+            def by_bin(values, m=m, coarse=coarse):
+                return np.bincount(coarse, weights=values.astype(np.float64), minlength=m)
+
+            values = {
+                f"ece@{m}": ece_formula(
+                    by_bin(state["top1_correct"]), by_bin(state["top1_conf_sum"]), positions
+                ),
+                f"full_ece@{m}": full_ece_formula(
+                    by_bin(state["pooled_hits"]), by_bin(state["pooled_p_sum"]), positions
+                ),
+            }
+            if self.classwise:
+                values[f"cw_ece@{m}"] = classwise_ece_formula(
+                    class_hits[:, offset : offset + m],
+                    class_p_sum[:, offset : offset + m],
+                    positions,
+                    self.vocab_size,
+                )
+            for key, value in values.items():
+                out[key] = torch.tensor(float(value), dtype=torch.float64, device=self.device)
+        return out

@@ -1,0 +1,154 @@
+"""CalibrationTracker inside a real transformers.Trainer: a tiny GPT-2 is
+trained for a few steps with evaluations, and the logged Full-ECE and ECE
+equal `fullece extract` + `fullece metrics` of the saved checkpoint on the
+same evaluation token sequences."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+pytest.importorskip("torchmetrics")
+
+from pipeline import PAPER_BINS  # noqa: E402
+from pipeline.core.probability import probs_of_record  # noqa: E402
+from pipeline.integrations.transformers import CalibrationTracker  # noqa: E402
+from pipeline.metrics import calibration_errors  # noqa: E402
+from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus  # noqa: E402
+
+
+def test_hooks_shift_labels_and_return_something_tiny():
+    g = torch.Generator().manual_seed(0)
+    k = 11
+    logits = torch.randn(3, 9, k, generator=g) * 3
+    labels = torch.randint(0, k, (3, 9), generator=g)
+    labels[2, 5:] = -100  # right padding, as the Trainer pads
+    tracker = CalibrationTracker(vocab_size=k, n_bins=(5, 10), classwise=True)
+    small = tracker.preprocess_logits_for_metrics((logits, "extra output"), labels)
+    assert small.shape == (3,)
+    assert tracker.compute_metrics(None, compute_result=False) == {}
+    values = tracker.compute_metrics(None)
+    probs = probs_of_record(logits[:, :-1].reshape(-1, k))
+    y = labels[:, 1:].reshape(-1)
+    keep = y != -100
+    for m in (5, 10):
+        expected = calibration_errors(probs[keep], y[keep], m)
+        assert values[f"full_ece@{m}"] == pytest.approx(expected["full_ece"], abs=1e-12)
+        assert values[f"ece@{m}"] == pytest.approx(expected["ece"], abs=1e-12)
+        assert values[f"cw_ece@{m}"] == pytest.approx(expected["cw_ece"], abs=1e-12)
+    assert tracker.last == values
+    assert int(tracker.metric.positions) == 0  # reset for the next evaluation
+    with pytest.raises(ValueError, match="needs labels"):
+        tracker.preprocess_logits_for_metrics(logits, None)
+
+
+class _Sequences(torch.utils.data.Dataset):
+    def __init__(self, ids):
+        self.ids = ids
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_eval_metrics", [False, True])
+def test_trainer_logs_the_values_of_extract_and_metrics(tmp_path, batch_eval_metrics):
+    from click.testing import CliRunner
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        DataCollatorForLanguageModeling,
+        Trainer,
+        TrainingArguments,
+    )
+
+    from pipeline.cli import main
+
+    model_dir = build_gpt2(tmp_path / "init", vocab_size=300, n_positions=128, scale=0.5)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    k = model.config.vocab_size
+
+    def encode(texts):
+        ids = [tokenizer(t)["input_ids"] for t in texts]
+        assert all(2 <= len(i) <= 128 for i in ids)  # one window each
+        return ids
+
+    train_texts = synthetic_texts(32, seed=1, min_words=2, max_words=12)
+    eval_texts = synthetic_texts(10, seed=2, min_words=2, max_words=12)
+    train, evaluation = _Sequences(encode(train_texts)), _Sequences(encode(eval_texts))
+
+    tracker = CalibrationTracker(vocab_size=k)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=4,
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=4,  # padded batches: -100 labels are skipped
+        learning_rate=5e-3,
+        eval_strategy="steps",
+        eval_steps=2,
+        logging_steps=2,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        batch_eval_metrics=batch_eval_metrics,
+        seed=0,
+    )
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train,
+        eval_dataset=evaluation,
+        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+        preprocess_logits_for_metrics=tracker.preprocess_logits_for_metrics,
+        compute_metrics=tracker.compute_metrics,
+    )
+    trainer.train()
+    evals = [e for e in trainer.state.log_history if "eval_full_ece@10" in e]
+    assert [e["step"] for e in evals] == [2, 4]
+    for e in evals:
+        assert {f"eval_{n}@{m}" for n in ("ece", "full_ece") for m in PAPER_BINS} <= set(e)
+    assert evals[0]["eval_full_ece@10"] != evals[1]["eval_full_ece@10"]  # training moved it
+
+    checkpoint = tmp_path / "ckpt"
+    trainer.save_model(str(checkpoint))
+    tokenizer.save_pretrained(checkpoint)
+    corpus = write_corpus(tmp_path / "eval.txt", eval_texts)
+    runner = CliRunner()
+    res = runner.invoke(
+        main,
+        [
+            "extract",
+            "--model",
+            str(checkpoint),
+            "--corpus",
+            str(corpus),
+            "--out",
+            str(tmp_path / "run"),
+            "--device",
+            "cpu",
+            "--k",
+            str(k),  # every entry kept: no tail, every M exact
+            "--quiet",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(main, ["metrics", str(tmp_path / "run"), "--json", "--quiet"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.output)
+    positions = sum(len(i) - 1 for i in evaluation.ids)
+    assert report["positions"] == positions
+    last = evals[-1]
+    for row in report["bins"]:
+        assert row["exact"], row
+        m = row["M"]
+        assert last[f"eval_full_ece@{m}"] == pytest.approx(row["full_ece"], abs=1e-6), m
+        assert last[f"eval_ece@{m}"] == pytest.approx(row["ece"], abs=1e-6), m
