@@ -95,7 +95,7 @@ def convert_batch(batch: EntryBatch, vocab_size: int, sum_tolerance: float) -> d
         )
     if (j := _first(lp > 0)) is not None:
         raise IngestError(
-            f"{batch.where(int(row[j]))}: logprob of token {ids[j]} is {lp[j]!r} > 0 "
+            f"{batch.where(int(row[j]))}: logprob of token {ids[j]} is {float(lp[j])!r} > 0 "
             "(a log-probability is at most 0)"
         )
 

@@ -148,8 +148,8 @@ def read_topk(paths, stats: dict):
                 if off.any():
                     j = int(np.flatnonzero(off)[0])
                     raise IngestError(
-                        f"{where(int(row[at[j]]))}: label_logprob {given[j]!r} disagrees with "
-                        f"the label's logprob {lps[at[j]]!r} in logprobs"
+                        f"{where(int(row[at[j]]))}: label_logprob {float(given[j])!r} disagrees with "
+                        f"the label's logprob {float(lps[at[j]])!r} in logprobs"
                     )
                 extra = np.flatnonzero(add)
                 row = np.concatenate([row, extra])
