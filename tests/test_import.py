@@ -606,6 +606,10 @@ def test_imported_run_works_with_every_command(model_case, tmp_path):
     ):
         res = runner.invoke(main, args)
         assert res.exit_code == 0, (args, res.output)
+    res = runner.invoke(main, ["report", str(run), "--out", str(tmp_path / "report")])
+    assert res.exit_code == 0, res.output
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert html.count("<td>[") >= 2  # cw-ECE shown as its interval
     res = runner.invoke(main, ["metrics", str(run), "--bins", "5,10", "--quiet"])
     assert "[" in res.output and "cw-ECE is not determined" in res.output
     res = runner.invoke(main, ["metrics", str(run), "--bins", "5,10", "--json", "--quiet"])
