@@ -337,6 +337,10 @@ def _reduce(
         _write_query(
             con, reduce_sql(name, files(name), k), out / f"{name}.parquet", TABLE_SCHEMAS[name]
         )
+    # imported runs (per-class tail unknown): per-class tail allocation and capacity
+    from pipeline.store.tailbounds import reduce_tail_bounds
+
+    tail_meta = reduce_tail_bounds(con, runs, out, _write_query)
     con.close()
 
     meta = tablestore.tables_meta(
@@ -347,6 +351,7 @@ def _reduce(
         sources=[f"{run.label}:{shard.entry.get('positions')}" for run, shard, _, _ in parts],
     )
     meta["runs"] = [_run_record(run, fine_bins) for run in runs]
+    meta.update(tail_meta)
     atomic.write_json(out / META_NAME, meta)  # last: marks the tables complete
     return meta
 

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.analysis.metrics import METRIC_NAMES, METRICS_JSON_VERSION, clean_row, fmt
+from pipeline.analysis.metrics import (
+    METRIC_NAMES,
+    METRICS_JSON_VERSION,
+    _set_cw_bounds,
+    _tail_bounds,
+    clean_row,
+    fmt,
+)
 from pipeline.store.manifest import RunError
 from pipeline.store.run import is_run, run_label
 
@@ -19,10 +26,14 @@ def compare_runs(run_dirs, n_bins: int = 10, *, quiet: bool = False) -> dict:
     rows = []
     for run_dir in run_dirs:
         run_dir = Path(run_dir)
-        tables = load_run_tables(ensure_tables(run_dir, quiet=quiet))
+        tables_dir = ensure_tables(run_dir, quiet=quiet)
+        tables = load_run_tables(tables_dir)
         if tables.fine_bins % n_bins:
             raise RunError(f"M={n_bins} must divide the fine grid F={tables.fine_bins}")
         m = metrics_at(tables, n_bins)
+        tail_bounds = _tail_bounds(tables_dir, tables)  # imported run: cw-ECE interval
+        if tail_bounds is not None:
+            _set_cw_bounds(m, tables, n_bins, tail_bounds)
         rows.append(
             {
                 "label": run_label(run_dir) if is_run(run_dir) else run_dir.name,
@@ -50,7 +61,7 @@ def trend(rows: list[dict]) -> dict:
     out = {}
     for key, _ in METRIC_NAMES:
         vals = [r[key] for r in rows]
-        if not vals:
+        if not vals or any(v is None for v in vals):
             continue
         steps = np.sign(np.diff(vals)).astype(int).tolist()
         first, last = vals[0], vals[-1]
@@ -82,6 +93,12 @@ def trend(rows: list[dict]) -> dict:
     return out
 
 
+def _cw_text(row: dict) -> str:
+    if row.get("cw_ece_bounds") is not None:
+        return f"[{fmt(row['cw_ece_bounds'][0])}, {fmt(row['cw_ece_bounds'][1])}]"
+    return fmt(row["cw_ece"])
+
+
 def format_compare(result: dict) -> str:
     rows = result["runs"]
     w = max([len("run")] + [len(r["label"]) for r in rows])
@@ -93,13 +110,16 @@ def format_compare(result: dict) -> str:
     for r in rows:
         lines.append(
             f"{r['label']:<{w}}  {r['positions']:>10,}  {fmt(r['ece']):>10}  "
-            f"{fmt(r['cw_ece']):>10}  {fmt(r['full_ece']):>10}  "
+            f"{_cw_text(r):>10}  {fmt(r['full_ece']):>10}  "
             f"{'yes' if r['exact'] else 'NO'}"
         )
     if len(rows) >= 2:
         lines.append("")
         lines.append("trend (first -> last run):")
         for key, name in METRIC_NAMES:
+            if key not in result["trend"]:
+                lines.append(f"  {name:<9} not determined for every run (imported dump)")
+                continue
             t = result["trend"][key]
             rel = (
                 f" ({t['relative_change'] * 100:+.1f}%)" if t["relative_change"] is not None else ""

@@ -53,6 +53,10 @@ def metrics_for_run(
     other = [m for m in bins if f % m]
     result = compute_metrics(tables, coarse)
     rows = {r["M"]: dict(r, source="tables") for r in result["bins"]}
+    tail_bounds = _tail_bounds(tables_dir, tables)
+    if tail_bounds is not None:
+        for m in coarse:
+            _set_cw_bounds(rows[m], tables, m, tail_bounds)
     notes = []
     extra_tables = {}
     if other:
@@ -71,7 +75,10 @@ def metrics_for_run(
                     keep_parts=False,
                 )
                 t_m = load_run_tables(out)
+                bounds_m = _tail_bounds(out, t_m)
             rows[m] = dict(metrics_at(t_m, m), source="shards")
+            if bounds_m is not None:
+                _set_cw_bounds(rows[m], t_m, m, bounds_m)
             extra_tables[m] = t_m
             notes.append(f"M={m} does not divide the fine grid F={f}: computed from the shards")
     ordered = [rows[m] for m in bins]
@@ -82,10 +89,24 @@ def metrics_for_run(
                 f"M={row['M']} > M_exact={tables.m_exact}: approximate (tail pairs "
                 "above 1/M are counted in bin 1)"
             )
+    if tail_bounds is not None:
+        notes.append(
+            "cw-ECE is not determined by this run (imported dump: no per-class tail); "
+            "cw_ece_bounds is its exact range over every split of the tail mass consistent "
+            "with its total and each class's capacity (docs/import.md)"
+        )
+        if any(not r.get("cw_ece_bounds_exact", True) for r in ordered):
+            notes.append("cw-ECE upper bound: a proven bound, not the exact maximum")
     result["bins"] = ordered
     result["rsd"] = None
     if len(ordered) >= 2:
-        result["rsd"] = {"bins": bins, **{k: rsd([r[k] for r in ordered]) for k, _ in METRIC_NAMES}}
+        result["rsd"] = {
+            "bins": bins,
+            **{
+                k: (None if any(r[k] is None for r in ordered) else rsd([r[k] for r in ordered]))
+                for k, _ in METRIC_NAMES
+            },
+        }
     result["bootstrap"] = None
     if bootstrap_replicates:
         from pipeline.core.bootstrap import bootstrap
@@ -115,15 +136,36 @@ def metrics_for_run(
     }
 
 
+def _tail_bounds(tables_dir, tables):
+    """Per-class tail allocation and capacity of tables holding an imported run, else None."""
+    from pipeline.aggregate import read_tables_meta
+    from pipeline.store.tailbounds import read_tail_bounds
+
+    return read_tail_bounds(tables_dir, read_tables_meta(tables_dir), tables.vocab_size)
+
+
+def _set_cw_bounds(row: dict, tables, n_bins: int, tail_bounds) -> None:
+    """cw-ECE of a run with an unknown per-class tail: null, with its interval."""
+    from pipeline.core.metrics import classwise_ece_bounds
+
+    lo, hi, hi_exact = classwise_ece_bounds(tables, n_bins, *tail_bounds)
+    row["cw_ece"] = None
+    row["cw_ece_bounds"] = [lo, hi]
+    row["cw_ece_bounds_exact"] = hi_exact
+
+
 def clean_row(row: dict) -> dict:
-    return {
+    out = {
         "M": int(row["M"]),
         "ece": float(row["ece"]),
-        "cw_ece": float(row["cw_ece"]),
+        "cw_ece": None if row["cw_ece"] is None else float(row["cw_ece"]),
         "full_ece": float(row["full_ece"]),
         "exact": bool(row["exact"]),
         "source": row.get("source", "tables"),
     }
+    if "cw_ece_bounds" in row:
+        out["cw_ece_bounds"] = [float(x) for x in row["cw_ece_bounds"]]
+    return out
 
 
 def fmt(x: float) -> str:
@@ -151,8 +193,12 @@ def format_metrics(result: dict) -> str:
         head += f"   ECE {int(boot['level'] * 100)}% CI            Full-ECE {int(boot['level'] * 100)}% CI"
     lines.append(head)
     for r in result["bins"]:
+        cw = fmt(r["cw_ece"])
+        if r.get("cw_ece_bounds") is not None:
+            lo, hi = r["cw_ece_bounds"]
+            cw = f"[{fmt(lo)}, {fmt(hi)}]"
         line = (
-            f"{r['M']:>5}  {fmt(r['ece']):>12}  {fmt(r['cw_ece']):>12}  "
+            f"{r['M']:>5}  {fmt(r['ece']):>12}  {cw:>12}  "
             f"{fmt(r['full_ece']):>12}  {'yes' if r['exact'] else 'NO '}"
         )
         if r.get("source") == "shards":
@@ -169,7 +215,8 @@ def format_metrics(result: dict) -> str:
         lines.append("")
         lines.append(
             f"RSD across M = {{{','.join(map(str, rsd['bins']))}}}:  "
-            f"ECE {rsd['ece']:.2f}%   cw-ECE {rsd['cw_ece']:.2f}%   "
+            f"ECE {rsd['ece']:.2f}%   cw-ECE "
+            f"{'n/a' if rsd['cw_ece'] is None else format(rsd['cw_ece'], '.2f') + '%'}   "
             f"Full-ECE {rsd['full_ece']:.2f}%"
         )
     tf = result.get("token_frequency")

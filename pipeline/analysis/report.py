@@ -44,9 +44,11 @@ def prepare_run(
     from pipeline.store.run import is_run, run_label
 
     run_dir = Path(run_dir)
-    tables = load_run_tables(ensure_tables(run_dir, quiet=quiet))
+    tables_dir = ensure_tables(run_dir, quiet=quiet)
+    tables = load_run_tables(tables_dir)
     bins = [m for m in bins if tables.fine_bins % m == 0]
     metrics = compute_metrics(tables, bins)
+    _cw_ece_intervals(metrics, tables_dir, tables)
     return {
         "label": run_label(run_dir) if is_run(run_dir) else run_dir.name,
         "path": str(run_dir),
@@ -54,6 +56,20 @@ def prepare_run(
         "reliability": reliability(tables, reliability_bins),
         "label_counts": tables.label_count.copy(),
     }
+
+
+def _cw_ece_intervals(metrics: dict, tables_dir, tables) -> None:
+    """Imported runs (per-class tail unknown): cw-ECE is an interval, not a point (NaN)."""
+    from pipeline.analysis.metrics import _set_cw_bounds, _tail_bounds
+
+    tail_bounds = _tail_bounds(tables_dir, tables)
+    if tail_bounds is None:
+        return
+    for row in metrics["bins"]:
+        _set_cw_bounds(row, tables, row["M"], tail_bounds)
+        row["cw_ece"] = float("nan")
+    if metrics.get("rsd"):
+        metrics["rsd"]["cw_ece"] = None
 
 
 def prepare_trend(runs: list[dict], n_bins: int = 10) -> dict:
@@ -292,6 +308,12 @@ def plot_trend(trend: dict, path: Path) -> Path:
 # --------------------------------------------------------------------- HTML
 
 
+def _cw_html(row: dict) -> str:
+    if row.get("cw_ece_bounds") is not None:  # imported run: the proven interval
+        return f"[{row['cw_ece_bounds'][0]:.3e}, {row['cw_ece_bounds'][1]:.3e}]"
+    return f"{row['cw_ece']:.3e}"
+
+
 def _metrics_table(runs: list[dict]) -> str:
     rows = []
     for run in runs:
@@ -299,7 +321,7 @@ def _metrics_table(runs: list[dict]) -> str:
         for b in m["bins"]:
             rows.append(
                 f"<tr><td>{html.escape(run['label'])}</td><td>{b['M']}</td>"
-                f"<td>{b['ece']:.6f}</td><td>{b['cw_ece']:.3e}</td><td>{b['full_ece']:.6f}</td>"
+                f"<td>{b['ece']:.6f}</td><td>{_cw_html(b)}</td><td>{b['full_ece']:.6f}</td>"
                 f"<td>{'exact' if b['exact'] else 'approximate'}</td></tr>"
             )
     head = "<tr><th>run</th><th>M</th><th>ECE</th><th>cw-ECE</th><th>Full-ECE</th><th></th></tr>"

@@ -21,6 +21,7 @@ _COMMANDS = {
     "train": "pipeline.cli.train:train",
     "corpus": "pipeline.cli.corpus:corpus",
     "default": "pipeline.cli.default:default",
+    "import": "pipeline.cli.importer:import_command",
 }
 
 

@@ -33,6 +33,8 @@ __all__ = [
     "classwise_ece",
     "full_ece",
     "calibration_errors",
+    "tail_split_range",
+    "classwise_ece_bounds",
     "FREQUENCY_BUCKETS",
 ]
 
@@ -221,3 +223,119 @@ def full_ece(probs, labels, n_bins: int = 10) -> float:
 def calibration_errors(probs, labels, n_bins: int = 10) -> dict:
     """All three metrics from one pass over the data."""
     return metrics_at(_tables_of(probs, labels, n_bins), n_bins)
+
+
+# ---- cw-ECE when the per-class tail is unknown (imported dumps) ---------------
+
+# Exact enumeration of the max's covering step up to this many useful classes;
+# beyond it the (proven) LP upper bound is reported.
+_TAIL_SPLIT_ENUMERATE = 16
+
+
+def tail_split_range(gap, total: float, cap) -> tuple[float, float, bool]:
+    """min and max of ``sum_k |gap_k - t_k|`` over ``0 <= t_k <= cap_k``, ``sum_k t_k = total``.
+
+    Returns (lo, hi, hi_exact). ``lo`` is always exact; ``hi`` is exact except
+    in the corner case described below, where it is a proven upper bound.
+
+    Proof. Each term is convex and piecewise linear in t_k with slopes -1 (t_k
+    < gap_k) and +1 (t_k > gap_k).
+
+    *Minimum.* Let u_k = clip(gap_k, 0, cap_k), the box minimiser of each term,
+    and S = sum u_k. If S < total, the missing total - S must be added to
+    classes with u_k < cap_k, i.e. with u_k >= gap_k, where every unit costs
+    exactly +1; if S > total, the excess must be removed from classes with
+    u_k > 0, i.e. with u_k <= gap_k, again at exactly +1 per unit. Both are
+    feasible (0 <= total <= sum cap), and no move costs less than 1 per unit
+    once each term sits at its own minimiser, so
+    ``lo = sum_k dist(gap_k, [0, cap_k]) + |total - S|``.
+
+    *Maximum.* A class with gap_k <= 0 gains exactly +1 per unit of tail it
+    receives, the most any class can gain (slopes are +-1), so such classes
+    are filled first (moving a unit to one of them from any other class never
+    lowers the objective). If their capacity C0 covers the total,
+    ``hi = sum_k |gap_k| + total``. Otherwise they are full and the rest R
+    goes to classes with gap_k > 0. Writing |z| = max(z, -z), for a set S of
+    classes taken with sign + the best placement is linear, which gives
+    ``max = sum_P gap_k + R - 2 min_S [sum_S gap_k + max(0, R - sum_S cap_k)]``:
+    a covering knapsack (cover R with capacities cap_k at cost gap_k, any
+    uncovered unit at cost 1). Only classes with gap_k < cap_k can help. Up
+    to 16 of them it is solved exactly by enumeration; beyond, its LP
+    relaxation (fractional greedy by gap_k / cap_k) gives a lower bound on the
+    cost, hence a proven upper bound on the maximum (hi_exact False). Real
+    runs almost never reach this case: classes never seen as bin-1 labels
+    have gap_k <= 0 and their capacity dwarfs the tail mass.
+    """
+    gap = np.asarray(gap, dtype=np.float64)
+    cap = np.maximum(np.asarray(cap, dtype=np.float64), 0.0)
+    total = float(total)
+    room = float(cap.sum())
+    if total > room:
+        if total - room > 1e-9 * max(1.0, total):
+            raise ValueError(f"tail mass {total!r} exceeds the total capacity {room!r}")
+        total = room  # float rounding of the two sums
+    total = max(total, 0.0)
+
+    u = np.clip(gap, 0.0, cap)
+    lo = float(np.abs(gap - u).sum() + abs(total - u.sum()))
+
+    free = gap <= 0
+    c0 = float(cap[free].sum())
+    base = float(np.abs(gap).sum())
+    if c0 >= total:
+        return lo, base + total, True
+    rest = total - c0
+    pos = ~free
+    a, c = gap[pos], cap[pos]
+    useful = a < c
+    a, c = a[useful], c[useful]
+    fixed = float(np.abs(gap[free]).sum() + cap[free].sum() + gap[pos].sum() + rest)
+    if a.size <= _TAIL_SPLIT_ENUMERATE:
+        if a.size:
+            masks = (np.arange(1 << a.size)[:, None] >> np.arange(a.size)) & 1
+            cost = masks @ a + np.maximum(0.0, rest - masks @ c)
+            best = float(cost.min())
+        else:
+            best = rest
+        return lo, fixed - 2.0 * best, True
+    order = np.argsort(a / c, kind="stable")
+    covered = np.concatenate([[0.0], np.cumsum(c[order])])
+    spent = np.concatenate([[0.0], np.cumsum(a[order])])
+    a_o, c_o = a[order], c[order]
+    i = int(np.searchsorted(covered, rest, side="right")) - 1  # items 0..i-1 fully taken
+    if i >= a.size:
+        lp = float(spent[-1] + (rest - covered[-1]))  # the uncovered rest costs 1 per unit
+    else:
+        lp = float(spent[i] + (rest - covered[i]) / c_o[i] * a_o[i])
+    return lo, fixed - 2.0 * min(lp, rest), False
+
+
+def classwise_ece_bounds(
+    tables: BinTables, n_bins: int, tail_mass, tail_cap
+) -> tuple[float, float, bool]:
+    """[lo, hi] of cw-ECE at M = n_bins when the per-class tail is unknown.
+
+    ``tail_mass[k]`` is the tail mass the tables put into class k's fine bin 1
+    (an allocation) and ``tail_cap[k]`` the most class k can hold (see
+    pipeline.ingest). Bins above 1 are known; in bin 1 class k's term is
+    ``|hits_1k - kept_1k - t_k|`` with the unknown share t_k, so the bounds are
+    ``tail_split_range`` of ``gap_k = hits_1k - (p_sum_1k - tail_mass_k)``.
+    Exact (as an interval over every split with the known total and
+    capacities) for M <= M_exact, where every tail probability is in bin 1.
+    Returns (lo, hi, hi_exact).
+    """
+    _check_tables(tables)
+    n_bins = check_n_bins(n_bins)
+    k = tables.vocab_size
+    per_class = tables.class_bins.coarsen(tables.fine_bins, n_bins)
+    hits = np.asarray(per_class.values["hits"], dtype=np.float64)
+    p_sum = np.asarray(per_class.values["p_sum"], dtype=np.float64)
+    first = per_class.bins == 1
+    other = float(np.abs(hits[~first] - p_sum[~first]).sum())
+    tail_mass = np.asarray(tail_mass, dtype=np.float64)
+    gap = np.zeros(k, dtype=np.float64)
+    np.add.at(gap, per_class.ids[first], hits[first] - p_sum[first])
+    gap += tail_mass
+    lo, hi, hi_exact = tail_split_range(gap, float(tail_mass.sum()), tail_cap)
+    scale = 1.0 / (tables.positions * k)
+    return (other + lo) * scale, (other + hi) * scale, hi_exact

@@ -28,6 +28,8 @@ from pipeline.store.schema import (
 )
 
 SHARDS_DIR = "shards"
+# Optional class_tail column of imported runs (per-class tail unknown).
+TAIL_CAP_COLUMN = "tail_cap"
 PARQUET_COMPRESSION = "zstd"
 PARQUET_COMPRESSION_LEVEL = 3
 ZARR_CLEVEL = 1
@@ -109,17 +111,26 @@ def positions_batch(cols: dict) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=POSITIONS)
 
 
-def write_class_tail(path, tail_count: np.ndarray, tail_mass: np.ndarray) -> None:
-    """Write a class_tail table: K rows, class_id 0..K-1 (caller makes it atomic)."""
+def write_class_tail(
+    path, tail_count: np.ndarray, tail_mass: np.ndarray, tail_cap: np.ndarray | None = None
+) -> None:
+    """Write a class_tail table: K rows, class_id 0..K-1 (caller makes it atomic).
+
+    ``tail_cap`` (imported runs, whose per-class tail is unknown): an extra
+    float64 column, the most tail mass class k can hold (see pipeline.ingest);
+    ``tail_mass`` is then an allocation, not a measurement.
+    """
     k = len(tail_count)
-    table = pa.Table.from_arrays(
-        [
-            pa.array(np.arange(k, dtype=np.int32)),
-            pa.array(np.asarray(tail_count, dtype=np.int64)),
-            pa.array(np.asarray(tail_mass, dtype=np.float64)),
-        ],
-        schema=CLASS_TAIL,
-    )
+    schema = CLASS_TAIL
+    arrays = [
+        pa.array(np.arange(k, dtype=np.int32)),
+        pa.array(np.asarray(tail_count, dtype=np.int64)),
+        pa.array(np.asarray(tail_mass, dtype=np.float64)),
+    ]
+    if tail_cap is not None:
+        schema = schema.append(pa.field(TAIL_CAP_COLUMN, pa.float64(), nullable=False))
+        arrays.append(pa.array(np.asarray(tail_cap, dtype=np.float64)))
+    table = pa.Table.from_arrays(arrays, schema=schema)
     pq.write_table(
         table,
         str(path),
@@ -130,6 +141,7 @@ def write_class_tail(path, tail_count: np.ndarray, tail_mass: np.ndarray) -> Non
             "class_id": "DELTA_BINARY_PACKED",
             "tail_count": "DELTA_BINARY_PACKED",
             "tail_mass": "BYTE_STREAM_SPLIT",
+            **({TAIL_CAP_COLUMN: "BYTE_STREAM_SPLIT"} if tail_cap is not None else {}),
         },
     )
 

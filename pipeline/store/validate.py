@@ -43,8 +43,14 @@ def _is_type(value, name: str) -> bool:
 def schema_errors(value, schema: dict, where: str = "$") -> list[str]:
     """Errors of `value` against a JSON Schema (the subset the manifest schema uses:
     type, const, enum, required, properties, additionalProperties, items,
-    minItems, maxItems, minimum, maximum, pattern)."""
+    minItems, maxItems, minimum, maximum, pattern, anyOf)."""
     errors: list[str] = []
+    if "anyOf" in schema:
+        branches = [schema_errors(value, s, where) for s in schema["anyOf"]]
+        if all(branches):
+            errors.append(
+                f"{where}: matches none of the allowed forms: " + min(branches, key=len)[0]
+            )
     if "type" in schema:
         types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
         if not any(_is_type(value, t) for t in types):

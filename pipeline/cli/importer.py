@@ -1,0 +1,100 @@
+"""``fullece import vllm|topk``: logit dumps made elsewhere become ordinary top-k runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pipeline.cli.common import fail
+from pipeline.ingest import DEFAULT_SUM_TOLERANCE
+
+
+def _common_options(f):
+    f = click.option("--quiet", is_flag=True, help="No progress bar.")(f)
+    f = click.option(
+        "--sum-tolerance",
+        type=float,
+        default=DEFAULT_SUM_TOLERANCE,
+        show_default=True,
+        help="Refuse a position whose kept probabilities sum above 1 + this.",
+    )(f)
+    f = click.option(
+        "--label", default=None, help="Run label (default: the --out directory name)."
+    )(f)
+    f = click.option(
+        "--model",
+        "model_dir",
+        type=click.Path(path_type=Path, file_okay=False),
+        default=None,
+        help="Model directory: K is its config.json vocab_size (no weights loaded).",
+    )(f)
+    f = click.option("--vocab-size", type=int, default=None, help="K, the model's output width.")(f)
+    f = click.option(
+        "--out",
+        required=True,
+        type=click.Path(path_type=Path),
+        help="Run directory to create (written atomically).",
+    )(f)
+    f = click.argument(
+        "files", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False)
+    )(f)
+    return f
+
+
+def _run(kind, files, out, vocab_size, model_dir, label, sum_tolerance, quiet):
+    from pipeline.ingest import IngestError, import_topk, import_vllm, vocab_size_from_model
+
+    if (vocab_size is None) == (model_dir is None):
+        raise click.UsageError("give exactly one of --vocab-size K or --model DIR")
+    try:
+        model = None
+        if model_dir is not None:
+            vocab_size, model = vocab_size_from_model(model_dir)
+        fn = import_vllm if kind == "vllm" else import_topk
+        out, manifest, written = fn(
+            list(files),
+            out,
+            vocab_size=vocab_size,
+            label=label,
+            model=model,
+            sum_tolerance=sum_tolerance,
+            progress=not quiet,
+        )
+    except (IngestError, ValueError, OSError) as err:
+        fail(err)
+    m_exact = manifest["m_exact"]
+    click.echo(
+        f"{out}: {'imported' if written else 'already imported'} {manifest['positions']:,} "
+        f"positions from {len(files)} file(s), K={manifest['vocab_size']:,}, "
+        f"M_exact={m_exact if m_exact is not None else 'all'} "
+        "(ECE and Full-ECE exact up to M_exact; cw-ECE reported as an interval)"
+    )
+
+
+@click.group("import")
+def import_command():
+    """Import logit dumps made elsewhere (vLLM, top-k Parquet) as top-k runs.
+
+    The result is an ordinary run directory: validate, aggregate, metrics,
+    compare, sql and report work on it. See docs/import.md.
+    """
+
+
+@import_command.command("vllm")
+@_common_options
+def vllm(files, out, vocab_size, model_dir, label, sum_tolerance, quiet):
+    """vLLM prompt_logprobs dumps: JSON Lines of {"prompt_token_ids",
+    "prompt_logprobs"} (offline API) or saved server responses ({"choices": [...]},
+    one per line or a JSON list). Position t >= 1 predicts prompt_token_ids[t].
+    """
+    _run("vllm", files, out, vocab_size, model_dir, label, sum_tolerance, quiet)
+
+
+@import_command.command("topk")
+@_common_options
+def topk(files, out, vocab_size, model_dir, label, sum_tolerance, quiet):
+    """Top-k Parquet files: doc_id, label, ids list<int>, logprobs list<float>,
+    optional offset and label_logprob; one row per position, in document order.
+    """
+    _run("topk", files, out, vocab_size, model_dir, label, sum_tolerance, quiet)

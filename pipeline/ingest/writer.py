@@ -1,0 +1,194 @@
+"""Write an imported dump as an ordinary top-k run directory, all or nothing.
+
+Shards go into a temporary directory beside RUN_DIR (``.NAME.import-*``),
+which is renamed to RUN_DIR only once the manifest is written: an interrupted
+or failed import leaves RUN_DIR absent (or as it was), never half written.
+Re-running the same import on a complete RUN_DIR is a no-op.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from pipeline import __version__
+from pipeline.ingest.convert import ClassTailSums, EntryBatch, IngestError, convert_batch
+from pipeline.store.manifest import (
+    MANIFEST_NAME,
+    file_sha256,
+    load_manifest,
+    save_manifest,
+    summarize_shards,
+)
+from pipeline.store.schema import SCHEMA_VERSION
+from pipeline.store.shards import (
+    SHARDS_DIR,
+    positions_batch,
+    positions_writer,
+    shard_names,
+    write_class_tail,
+)
+
+DEFAULT_SHARD_POSITIONS = 1 << 20
+
+
+def source_files(paths) -> list[dict]:
+    """[{path, sha256}] of the input files, in the order given."""
+    out = []
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise IngestError(f"{path}: no such file")
+        out.append({"path": str(path), "sha256": file_sha256(path)})
+    return out
+
+
+def already_imported(out: Path, kind: str, files: list[dict], vocab_size: int) -> bool:
+    """True when `out` is a complete import of exactly these files (same K)."""
+    if not (out / MANIFEST_NAME).exists():
+        return False
+    try:
+        manifest = load_manifest(out)
+    except ValueError:
+        return False
+    source = manifest.get("source") or {}
+    return (
+        bool(manifest.get("complete"))
+        and source.get("kind") == kind
+        and [f["sha256"] for f in source.get("files", [])] == [f["sha256"] for f in files]
+        and manifest.get("vocab_size") == vocab_size
+    )
+
+
+class ImportWriter:
+    """Context manager: ``add(EntryBatch)`` repeatedly, committed on a clean exit."""
+
+    def __init__(
+        self,
+        out,
+        *,
+        vocab_size: int,
+        source: dict,
+        label: str | None = None,
+        model: dict | None = None,
+        sum_tolerance: float,
+        shard_positions: int = DEFAULT_SHARD_POSITIONS,
+    ):
+        self.out = Path(out)
+        self.vocab_size = int(vocab_size)
+        self.source = dict(source)
+        self.label = label or self.out.resolve().name
+        self.model = model
+        self.sum_tolerance = float(sum_tolerance)
+        self.shard_positions = int(shard_positions)
+        self.shards: list[dict] = []
+        self.tmp: Path | None = None
+        self._writer = None
+        self._rows = 0
+        self._tail_max = 0.0
+        self._class = None
+
+    # ------------------------------------------------------------ lifecycle
+    def __enter__(self):
+        if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
+            raise IngestError(
+                f"{self.out}: already exists and is not this import; choose a new --out "
+                "or remove it"
+            )
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.import-", dir=self.out.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.tmp, 0o777 & ~umask)  # mkdtemp makes it private; a run is not
+        (self.tmp / SHARDS_DIR).mkdir()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is None:
+                self._commit()
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            if self.tmp is not None and self.tmp.exists():
+                shutil.rmtree(self.tmp, ignore_errors=True)
+        return False
+
+    # ------------------------------------------------------------ writing
+    def add(self, batch: EntryBatch) -> int:
+        """Check, convert and write a batch; returns its number of positions."""
+        if batch.rows == 0:
+            return 0
+        result = convert_batch(batch, self.vocab_size, self.sum_tolerance)
+        if self._writer is None:
+            names = shard_names(len(self.shards))
+            self._writer = positions_writer(self.tmp / names["positions"])
+            self._class = ClassTailSums(self.vocab_size)
+            self._rows = 0
+            self._tail_max = 0.0
+            self._doc_start = int(batch.doc_id[0])
+        self._writer.write_batch(positions_batch(result["columns"]))
+        self._class.add(result["class"])
+        self._rows += batch.rows
+        self._tail_max = max(self._tail_max, result["tail_max"])
+        self._doc_end = int(batch.doc_id[-1]) + 1
+        if self._rows >= self.shard_positions:
+            self._close_shard()
+        return batch.rows
+
+    def _close_shard(self) -> None:
+        index = len(self.shards)
+        names = shard_names(index)
+        self._writer.close()
+        self._writer = None
+        count, mass, cap = self._class.result()
+        write_class_tail(self.tmp / names["class_tail"], count, mass, cap)
+        files = {
+            names[key]: file_sha256(self.tmp / names[key]) for key in ("positions", "class_tail")
+        }
+        self.shards.append(
+            {
+                "index": index,
+                "rows": int(self._rows),
+                "doc_start": self._doc_start,
+                "doc_end": self._doc_end,
+                "tail_max": float(self._tail_max),
+                "files": files,
+                "positions": names["positions"],
+                "class_tail": names["class_tail"],
+                "logits": None,
+            }
+        )
+
+    def _commit(self) -> None:
+        if self._writer is not None:
+            self._close_shard()
+        if not self.shards:
+            raise IngestError("no positions to import (every document has fewer than 2 tokens)")
+        manifest = {
+            "schema_version": SCHEMA_VERSION,
+            "tool": {"name": "fullece", "version": __version__},
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "label": self.label,
+            "source": {
+                **self.source,
+                "class_tail_known": False,
+                "sum_tolerance": self.sum_tolerance,
+            },
+            "store": "topk",
+            "vocab_size": self.vocab_size,
+            "shards": self.shards,
+            "skipped_documents": int(self.source.get("skipped_documents", 0)),
+            "complete": True,
+        }
+        if self.model is not None:
+            manifest["model"] = self.model
+        summarize_shards(manifest)
+        save_manifest(self.tmp, manifest)
+        if self.out.exists():
+            self.out.rmdir()  # empty (checked on entry)
+        os.replace(self.tmp, self.out)
