@@ -21,6 +21,7 @@ _COMMANDS = {
     "train": "pipeline.cli.train:train",
     "corpus": "pipeline.cli.corpus:corpus",
     "default": "pipeline.cli.default:default",
+    "temperature": "pipeline.cli.temperature:temperature",
 }
 
 
