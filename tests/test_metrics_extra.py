@@ -91,7 +91,9 @@ def dense_bins_extra(probs, labels, M: int) -> dict:
     gaps = [
         abs(hit[cb == m].mean() - conf[cb == m].mean()) for m in range(1, M + 1) if (cb == m).any()
     ]
-    pairs = sorted(zip(conf.tolist(), hit.tolist()))  # by confidence, ties by correctness
+    pairs = sorted(
+        zip(conf.tolist(), hit.tolist(), strict=True)
+    )  # by confidence, ties by correctness
     c_sorted = np.array([p[0] for p in pairs])
     h_sorted = np.array([p[1] for p in pairs])
     adaptive = sum(
@@ -197,7 +199,7 @@ def test_tail_bounds_are_attained_and_collapse():
     assert -(even * np.log(even)).sum() == pytest.approx(ehi[0], rel=1e-6)
     assert -(0.6 * np.log(0.3)) == pytest.approx(elo[0], rel=1e-6)
     # determined tails: empty, one entry, all entries equal to the max
-    for cc, ss, mm in ((0, 0.0, 0.0), (1, 0.25, 0.25), (3, 0.75, 0.25)):
+    for cc, mm in ((0, 0.0), (1, 0.25), (3, 0.25)):
         m32 = np.float32(mm)
         s64 = float(m32) * cc
         lo, hi = tail_sum_sq_bounds([cc], [s64], [m32])
