@@ -37,9 +37,18 @@ def parse_bins(text) -> list[int]:
 
 
 def metrics_for_run(
-    run_dir, bins=PAPER_BINS, *, bootstrap_replicates: int = 0, seed: int = 0, quiet: bool = False
+    run_dir,
+    bins=PAPER_BINS,
+    *,
+    bootstrap_replicates: int = 0,
+    seed: int = 0,
+    quiet: bool = False,
+    scan=None,
 ) -> dict:
-    """Everything `fullece metrics` prints, as the documented JSON object."""
+    """Everything `fullece metrics` prints, as the documented JSON object.
+
+    `scan`: a :class:`pipeline.analysis.positions.PositionScan` of the run
+    already made (the report reuses its top-1 pairs); scanned here otherwise."""
     from pipeline.aggregate import aggregate, ensure_tables, load_run_tables
     from pipeline.core.binning import is_exact
     from pipeline.core.metrics import compute_metrics, direction_at, metrics_at, rsd
@@ -90,7 +99,7 @@ def metrics_for_run(
     if is_run(run_dir):
         from pipeline.analysis.positions import scan_run
 
-        scan = scan_run(run_dir, progress=not quiet)
+        scan = scan if scan is not None else scan_run(run_dir, progress=not quiet)
         scores = scan.result()
         for row in ordered:
             row["adaptive_ece"] = scan.adaptive_ece(row["M"])
