@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -104,3 +105,108 @@ def test_prepared_data_match_the_dense_case(tmp_path):
         assert trend["full_ece"][i] == pytest.approx(
             dense_reference(case.probs, case.labels, 10)["full_ece"], abs=1e-12
         )
+
+
+# ------------------------------------------------ prepare_* (data, no drawing)
+
+
+def _run_stub(label, mean, freq, count, n_bins=4, metrics_row=None):
+    nan = float("nan")
+    d = {
+        "count": np.asarray(count, float),
+        "mean_prob": np.asarray([nan if c == 0 else m for m, c in zip(mean, count, strict=True)]),
+        "frequency": np.asarray([nan if c == 0 else f for f, c in zip(freq, count, strict=True)]),
+    }
+    rows = [metrics_row] if metrics_row else []
+    return {
+        "label": label,
+        "reliability": {
+            "n_bins": n_bins,
+            "edges": np.linspace(0, 1, n_bins + 1),
+            "top1": d,
+            "full": d,
+        },
+        "metrics": {"bins": rows, "rsd": None},
+    }
+
+
+def test_prepare_reliability_splits_gaps_by_sign():
+    from pipeline.analysis.report import prepare_reliability
+
+    row = {
+        "M": 4,
+        "ece": 0.1,
+        "full_ece": 0.2,
+        "exact": True,
+        "overconfidence": 0.15,
+        "underconfidence": 0.05,
+    }
+    run = _run_stub("r", [0.1, 0.4, 0.6, 0.9], [0.2, 0.3, 0.6, 0.5], [5, 3, 0, 2], metrics_row=row)
+    data = prepare_reliability([run], "full")
+    s = data["series"][0]
+    np.testing.assert_allclose(s["over"], [0.0, 0.1, np.nan, 0.4], atol=1e-12)
+    np.testing.assert_allclose(s["under"], [0.1, 0.0, np.nan, 0.0], atol=1e-12)
+    assert data["metric"] == "Full-ECE" and s["value"] == 0.2 and s["overconfidence"] == 0.15
+    assert prepare_reliability([run], "top1")["metric"] == "ECE"
+    with pytest.raises(ValueError):
+        prepare_reliability([run], "classwise")
+
+
+def test_prepare_temperature_curve_and_metrics_intervals():
+    from pipeline.analysis.report import prepare_metrics_vs_bins, prepare_temperature_curve
+
+    scan = {
+        "M": 10,
+        "grid": [
+            {"temperature": 2.0, "nll": 1.5, "ece": 0.2, "full_ece": 0.3},
+            {"temperature": 0.5, "nll": 2.5, "ece": 0.4, "full_ece": 0.6},
+        ],
+        "best_nll_temperature": 1.7,
+        "best": {"temperature": 1.7, "nll": 1.4, "ece": 0.1, "full_ece": 0.2},
+    }
+    curve = prepare_temperature_curve(scan)
+    np.testing.assert_array_equal(curve["temperature"], [0.5, 2.0])
+    np.testing.assert_array_equal(curve["nll"], [2.5, 1.5])
+    assert curve["best_temperature"] == 1.7
+    rows = [
+        {"M": 5, "ece": 0.1, "cw_ece": 0.01, "full_ece": 0.2, "exact": True},
+        {
+            "M": 10,
+            "ece": 0.1,
+            "cw_ece": None,
+            "cw_ece_bounds": [0.02, 0.03],
+            "full_ece": 0.2,
+            "exact": True,
+        },
+    ]
+    data = prepare_metrics_vs_bins([{"label": "imp", "metrics": {"bins": rows, "rsd": None}}])
+    cw = next(p for p in data["metrics"] if p["key"] == "cw_ece")["runs"][0]
+    np.testing.assert_array_equal(cw["value"][:1], [0.01])
+    assert np.isnan(cw["value"][1]) and cw["lo"][1] == 0.02 and cw["hi"][1] == 0.03
+
+
+def test_full_store_report_has_smooth_and_temperature_figures(tmp_path):
+    import matplotlib
+
+    from pipeline.analysis.report import (
+        plot_reliability,
+        plot_temperature_curve,
+        prepare_reliability,
+        prepare_run,
+        prepare_temperature_curve,
+    )
+
+    write_run(tmp_path / "full", dense_case(200, 20, seed=2, docs=5), store="full")
+    write_report([tmp_path / "full"], tmp_path / "out", quiet=True)
+    names = {p.name for p in (tmp_path / "out").glob("*.png")}
+    assert {"smooth_reliability.png", "temperature.png"} <= names
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "NLL" in page and "adaptive ECE" in page
+    run = prepare_run(tmp_path / "full", quiet=True)
+    fig = plot_temperature_curve(prepare_temperature_curve(run["temperature"]))
+    assert isinstance(fig, matplotlib.figure.Figure)
+    import matplotlib.pyplot as plt
+
+    fig2, ax = plt.subplots()
+    assert plot_reliability(prepare_reliability([run], "top1"), ax=ax) is fig2
+    plt.close("all")

@@ -14,11 +14,13 @@ import tempfile
 from pathlib import Path
 
 from pipeline import PAPER_BINS
+from pipeline.core.registry import BIN_METRICS, PAPER_METRICS, RUN_METRICS
 from pipeline.store.manifest import RunError
 from pipeline.store.run import is_run, run_label
 
 METRICS_JSON_VERSION = 1
-METRIC_NAMES = (("ece", "ECE"), ("cw_ece", "cw-ECE"), ("full_ece", "Full-ECE"))
+# (key, label) of the paper's three metrics, from the registry
+METRIC_NAMES = tuple((m.key, m.label) for m in PAPER_METRICS)
 
 
 def parse_bins(text) -> list[int]:
@@ -35,12 +37,21 @@ def parse_bins(text) -> list[int]:
 
 
 def metrics_for_run(
-    run_dir, bins=PAPER_BINS, *, bootstrap_replicates: int = 0, seed: int = 0, quiet: bool = False
+    run_dir,
+    bins=PAPER_BINS,
+    *,
+    bootstrap_replicates: int = 0,
+    seed: int = 0,
+    quiet: bool = False,
+    scan=None,
 ) -> dict:
-    """Everything `fullece metrics` prints, as the documented JSON object."""
+    """Everything `fullece metrics` prints, as the documented JSON object.
+
+    `scan`: a :class:`pipeline.analysis.positions.PositionScan` of the run
+    already made (the report reuses its top-1 pairs); scanned here otherwise."""
     from pipeline.aggregate import aggregate, ensure_tables, load_run_tables
     from pipeline.core.binning import is_exact
-    from pipeline.core.metrics import compute_metrics, metrics_at, rsd
+    from pipeline.core.metrics import compute_metrics, direction_at, metrics_at, rsd
 
     run_dir = Path(run_dir)
     tables_dir = ensure_tables(run_dir, quiet=quiet)
@@ -52,7 +63,9 @@ def metrics_for_run(
     coarse = [m for m in bins if f % m == 0]
     other = [m for m in bins if f % m]
     result = compute_metrics(tables, coarse)
-    rows = {r["M"]: dict(r, source="tables") for r in result["bins"]}
+    rows = {
+        r["M"]: dict(r, source="tables", **direction_at(tables, r["M"])) for r in result["bins"]
+    }
     tail_bounds = _tail_bounds(tables_dir, tables)
     if tail_bounds is not None:
         for m in coarse:
@@ -76,7 +89,7 @@ def metrics_for_run(
                 )
                 t_m = load_run_tables(out)
                 bounds_m = _tail_bounds(out, t_m)
-            rows[m] = dict(metrics_at(t_m, m), source="shards")
+            rows[m] = dict(metrics_at(t_m, m), source="shards", **direction_at(t_m, m))
             if bounds_m is not None:
                 _set_cw_bounds(rows[m], t_m, m, bounds_m)
             extra_tables[m] = t_m
@@ -97,6 +110,21 @@ def metrics_for_run(
         )
         if any(not r.get("cw_ece_bounds_exact", True) for r in ordered):
             notes.append("cw-ECE upper bound: a proven bound, not the exact maximum")
+    scores = dict.fromkeys(_RUN_KEYS)
+    if is_run(run_dir):
+        from pipeline.analysis.positions import scan_run
+
+        scan = scan if scan is not None else scan_run(run_dir, progress=not quiet)
+        scores = scan.result()
+        for row in ordered:
+            row["adaptive_ece"] = scan.adaptive_ece(row["M"])
+        if scores["brier"] is None:
+            notes.append(
+                "brier: the run stores no Σp² per position (positions schema v1 or an "
+                "outside dump): brier_bounds from the kept entries and the tail"
+            )
+        if scores["entropy"] is None:
+            notes.append("entropy: not stored for every position: entropy_bounds from the tail")
     result["bins"] = ordered
     result["rsd"] = None
     if len(ordered) >= 2:
@@ -128,7 +156,8 @@ def metrics_for_run(
         "fine_bins": result["fine_bins"],
         "m_exact": result["m_exact"],
         "tail_max": float(result["tail_max"]),
-        "bins": [clean_row(r) for r in ordered],
+        **{key: scores[key] for key in _RUN_KEYS},
+        "bins": [dict(clean_row(r), **_extra_bin_keys(r)) for r in ordered],
         "rsd": result["rsd"],
         "token_frequency": result["token_frequency"],
         "bootstrap": result["bootstrap"],
@@ -152,6 +181,17 @@ def _set_cw_bounds(row: dict, tables, n_bins: int, tail_bounds) -> None:
     row["cw_ece"] = None
     row["cw_ece_bounds"] = [lo, hi]
     row["cw_ece_bounds_exact"] = hi_exact
+
+
+# top-level keys of the position-level metrics (and their intervals), registry order
+_RUN_KEYS = tuple(
+    k for m in RUN_METRICS for k in ((m.key, m.bounds_key) if m.bounds_key else (m.key,))
+)
+_EXTRA_BIN_KEYS = tuple(m.key for m in BIN_METRICS if not m.paper)
+
+
+def _extra_bin_keys(row: dict) -> dict:
+    return {k: (None if row.get(k) is None else float(row[k])) for k in _EXTRA_BIN_KEYS}
 
 
 def clean_row(row: dict) -> dict:
@@ -188,7 +228,14 @@ def format_metrics(result: dict) -> str:
     lines.append("")
     boot = result.get("bootstrap")
     intervals = {r["M"]: r for r in boot["intervals"]} if boot else {}
+    lines.extend(_score_lines(result))
+    extra = [
+        m
+        for m in BIN_METRICS
+        if not m.paper and any(r.get(m.key) is not None for r in result["bins"])
+    ]
     head = f"{'M':>5}  {'ECE':>12}  {'cw-ECE':>12}  {'Full-ECE':>12}  exact"
+    head += "".join(f"  {m.label:>12}" for m in extra)
     if boot:
         head += f"   ECE {int(boot['level'] * 100)}% CI            Full-ECE {int(boot['level'] * 100)}% CI"
     lines.append(head)
@@ -201,6 +248,7 @@ def format_metrics(result: dict) -> str:
             f"{r['M']:>5}  {fmt(r['ece']):>12}  {cw:>12}  "
             f"{fmt(r['full_ece']):>12}  {'yes' if r['exact'] else 'NO '}"
         )
+        line += "".join(f"  {fmt(r.get(m.key)):>12}" for m in extra)
         if r.get("source") == "shards":
             line += " *"
         if r["M"] in intervals:
@@ -239,6 +287,39 @@ def format_metrics(result: dict) -> str:
     if any(r.get("source") == "shards" for r in result["bins"]):
         lines.append("* computed from the shards (M does not divide F)")
     return "\n".join(lines)
+
+
+def _value_or_interval(result: dict, key: str, bounds_key: str | None) -> str:
+    value = result.get(key)
+    if value is not None:
+        return fmt(value)
+    bounds = result.get(bounds_key) if bounds_key else None
+    if bounds:
+        return f"in [{fmt(bounds[0])}, {fmt(bounds[1])}]"
+    return "n/a"
+
+
+def _score_lines(result: dict) -> list[str]:
+    """The run-level metrics (registry order), then the entropy-calibration gap."""
+    if all(result.get(m.key) is None and not result.get(m.bounds_key or "") for m in RUN_METRICS):
+        return []
+    parts = [f"{m.label} = {_value_or_interval(result, m.key, m.bounds_key)}" for m in RUN_METRICS]
+    lines = ["   ".join(parts)]
+    ent, nll = result.get("entropy"), result.get("nll")
+    if nll is not None:
+        if ent is not None:
+            gap = fmt(ent - nll)
+        elif result.get("entropy_bounds"):
+            lo, hi = result["entropy_bounds"]
+            gap = f"in [{fmt(lo - nll)}, {fmt(hi - nll)}]"
+        else:
+            gap = "n/a"
+        lines.append(
+            f"entropy − NLL = {gap}  (entropy-calibration gap: < 0 the model is more "
+            "certain than its log-loss warrants, > 0 less)"
+        )
+    lines.append("")
+    return lines
 
 
 # ------------------------------------------------------------------ compare

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import PAPER_BINS
+from pipeline.core.registry import PAPER_METRICS
 
 RELIABILITY_BINS = 10
 COLORS = (
@@ -38,49 +39,159 @@ COLORS = (
 def prepare_run(
     run_dir, bins=PAPER_BINS, reliability_bins: int = RELIABILITY_BINS, quiet: bool = False
 ) -> dict:
-    """Everything the figures of one run need (tables aggregated if needed)."""
+    """Everything the figures of one run need (tables aggregated if needed):
+    the `fullece metrics` object, reliability data, label counts, the top-1
+    pairs (smooth diagram) and, for a full-store run, the temperature scan."""
     from pipeline.aggregate import ensure_tables, load_run_tables
+    from pipeline.analysis.metrics import metrics_for_run
     from pipeline.core.metrics import compute_metrics, reliability
-    from pipeline.store.run import is_run, run_label
+    from pipeline.store.run import is_run, open_run, run_label
 
     run_dir = Path(run_dir)
-    tables_dir = ensure_tables(run_dir, quiet=quiet)
-    tables = load_run_tables(tables_dir)
+    tables = load_run_tables(ensure_tables(run_dir, quiet=quiet))
     bins = [m for m in bins if tables.fine_bins % m == 0]
-    metrics = compute_metrics(tables, bins)
-    _cw_ece_intervals(metrics, tables_dir, tables)
+    top1 = None
+    temperature = None
+    if is_run(run_dir):
+        from pipeline.analysis.positions import scan_run
+
+        scan = scan_run(run_dir, progress=not quiet)
+        metrics = metrics_for_run(run_dir, bins, quiet=quiet, scan=scan)
+        top1 = scan.top1_pairs()
+        if open_run(run_dir).store == "full":
+            from pipeline.analysis.temperature import temperature_for_run
+
+            temperature = temperature_for_run(run_dir, n_bins=reliability_bins, quiet=quiet)
+    else:
+        metrics = compute_metrics(tables, bins)
     return {
         "label": run_label(run_dir) if is_run(run_dir) else run_dir.name,
         "path": str(run_dir),
         "metrics": metrics,
         "reliability": reliability(tables, reliability_bins),
         "label_counts": tables.label_count.copy(),
+        "top1": top1,
+        "temperature": temperature,
     }
 
 
-def _cw_ece_intervals(metrics: dict, tables_dir, tables) -> None:
-    """Imported runs (per-class tail unknown): cw-ECE is an interval, not a point (NaN)."""
-    from pipeline.analysis.metrics import _set_cw_bounds, _tail_bounds
+def _bin_row(metrics: dict, n_bins: int) -> dict | None:
+    return next((b for b in metrics["bins"] if b["M"] == n_bins), None)
 
-    tail_bounds = _tail_bounds(tables_dir, tables)
-    if tail_bounds is None:
-        return
-    for row in metrics["bins"]:
-        _set_cw_bounds(row, tables, row["M"], tail_bounds)
-        row["cw_ece"] = float("nan")
-    if metrics.get("rsd"):
-        metrics["rsd"]["cw_ece"] = None
+
+def prepare_reliability(runs: list[dict], kind: str) -> dict:
+    """Reliability-diagram data for `kind` ("top1" or "full"): per run and bin
+    the count, mean predicted probability, observed frequency, and the gap
+    split by sign: `over` = max(mean − frequency, 0) (overconfident bins) and
+    `under` = max(frequency − mean, 0); NaN for empty bins."""
+    from pipeline.core.registry import metric
+
+    if kind not in ("top1", "full"):
+        raise ValueError(f"kind must be 'top1' or 'full', got {kind!r}")
+    rel0 = runs[0]["reliability"]
+    edges = np.asarray(rel0["edges"], np.float64)
+    key = "ece" if kind == "top1" else "full_ece"
+    series = []
+    for run in runs:
+        d = run["reliability"][kind]
+        mean = np.asarray(d["mean_prob"], np.float64)
+        freq = np.asarray(d["frequency"], np.float64)
+        row = _bin_row(run["metrics"], rel0["n_bins"])
+        series.append(
+            {
+                "label": run["label"],
+                "count": np.asarray(d["count"], np.float64),
+                "mean_prob": mean,
+                "frequency": freq,
+                "over": np.where(np.isfinite(mean), np.maximum(mean - freq, 0.0), np.nan),
+                "under": np.where(np.isfinite(mean), np.maximum(freq - mean, 0.0), np.nan),
+                "value": None if row is None else row.get(key),
+                "overconfidence": None if row is None else row.get("overconfidence"),
+                "underconfidence": None if row is None else row.get("underconfidence"),
+            }
+        )
+    return {
+        "kind": kind,
+        "n_bins": int(rel0["n_bins"]),
+        "edges": edges,
+        "metric": metric(key).label,
+        "series": series,
+    }
+
+
+def prepare_smooth_reliability(confidence, correct, max_points: int = 200_000) -> dict:
+    """relplot's smooth reliability diagram data (relplot.prepare_rel_diagram)
+    for the top-1 confidences and their correctness; no bootstrap band. Above
+    `max_points` positions an evenly spaced subsample of the confidence-sorted
+    pairs is used for the curve (the smooth ECE itself is reported from all)."""
+    import relplot
+
+    conf = np.asarray(confidence, np.float64)
+    hit = np.asarray(correct, np.float64)
+    if conf.size > max_points:
+        order = np.argsort(conf, kind="stable")
+        pick = order[np.linspace(0, conf.size - 1, max_points).astype(np.int64)]
+        conf, hit = conf[pick], hit[pick]
+    data = relplot.prepare_rel_diagram(
+        conf, hit, plot_confidence_band=False, report_CE_std=False, num_bootstrap=0
+    )
+    data["positions"] = int(np.asarray(confidence).size)
+    return data
+
+
+def prepare_temperature_curve(result: dict) -> dict:
+    """NLL and Full-ECE against T from a `temperature_scan` result, T* marked."""
+    rows = sorted(result["grid"], key=lambda r: r["temperature"])
+    return {
+        "M": result["M"],
+        "temperature": np.array([r["temperature"] for r in rows]),
+        "nll": np.array([r["nll"] for r in rows]),
+        "ece": np.array([r["ece"] for r in rows]),
+        "full_ece": np.array([r["full_ece"] for r in rows]),
+        "best_temperature": result.get("best_nll_temperature"),
+        "best": result.get("best"),
+    }
+
+
+def prepare_metrics_vs_bins(runs: list[dict]) -> dict:
+    """Per paper metric and run: M, value, exact flag and, where the value is
+    not determined (cw_ece null with cw_ece_bounds), its interval."""
+    from pipeline.core.registry import PAPER_METRICS
+
+    out = {"metrics": [], "rsd": [r["metrics"].get("rsd") for r in runs]}
+    for m in PAPER_METRICS:
+        per_run = []
+        for run in runs:
+            rows = run["metrics"]["bins"]
+            bounds = [r.get(m.bounds_key) if m.bounds_key else None for r in rows]
+            per_run.append(
+                {
+                    "label": run["label"],
+                    "M": np.array([r["M"] for r in rows]),
+                    "value": np.array(
+                        [np.nan if r.get(m.key) is None else r[m.key] for r in rows], np.float64
+                    ),
+                    "exact": np.array([bool(r["exact"]) for r in rows]),
+                    "lo": np.array([np.nan if b is None else b[0] for b in bounds], np.float64),
+                    "hi": np.array([np.nan if b is None else b[1] for b in bounds], np.float64),
+                }
+            )
+        out["metrics"].append({"key": m.key, "label": m.label, "runs": per_run})
+    return out
 
 
 def prepare_trend(runs: list[dict], n_bins: int = 10) -> dict:
     """Metrics at M = n_bins per run, in the order given."""
-    out = {"M": n_bins, "labels": [r["label"] for r in runs]}
-    for key in ("ece", "cw_ece", "full_ece"):
+    from pipeline.core.registry import PAPER_METRICS
+
+    out = {"M": n_bins, "labels": [r["label"] for r in runs], "names": []}
+    for m in PAPER_METRICS:
         vals = []
         for r in runs:
-            row = next((b for b in r["metrics"]["bins"] if b["M"] == n_bins), None)
-            vals.append(np.nan if row is None else row[key])
-        out[key] = np.asarray(vals)
+            row = _bin_row(r["metrics"], n_bins)
+            vals.append(np.nan if row is None or row.get(m.key) is None else row[m.key])
+        out[m.key] = np.asarray(vals, np.float64)
+        out["names"].append((m.key, m.label))
     return out
 
 
@@ -124,147 +235,283 @@ def _plt():
     return plt
 
 
-def plot_reliability(runs: list[dict], kind: str, path: Path) -> Path:
-    """Reliability diagram: observed frequency vs mean predicted probability per
-    bin, with the per-bin count below (log scale for the full distribution)."""
+def save_figure(fig, path: Path) -> Path:
+    """Write a figure as PNG and release it."""
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+OVER_COLOR = "#d62728"
+UNDER_COLOR = "#1f77b4"
+
+
+def plot_reliability(data: dict, ax=None):
+    """Reliability diagram from :func:`prepare_reliability`: observed
+    frequency against mean predicted probability per bin; for one run the gap
+    of each bin is shaded red where the model is overconfident (mean >
+    frequency) and blue where it is underconfident. Without `ax`, a count
+    panel is added below. Returns the figure."""
     plt = _plt()
-    fig, (ax, axc) = plt.subplots(
-        2,
-        1,
-        figsize=(5.2, 6.0),
-        sharex=True,
-        gridspec_kw={"height_ratios": [3, 1.2], "hspace": 0.08},
-    )
-    rel0 = runs[0]["reliability"]
-    edges = np.asarray(rel0["edges"])
+    axc = None
+    if ax is None:
+        fig, (ax, axc) = plt.subplots(
+            2,
+            1,
+            figsize=(5.2, 6.0),
+            sharex=True,
+            gridspec_kw={"height_ratios": [3, 1.2], "hspace": 0.08},
+        )
+    else:
+        fig = ax.figure
+    edges = data["edges"]
     width = np.diff(edges)
     centers = edges[:-1] + width / 2
+    kind = data["kind"]
     ax.plot([0, 1], [0, 1], ls="--", color="0.5", lw=1, label="perfect calibration")
-    single = len(runs) == 1
-    for i, run in enumerate(runs):
-        d = run["reliability"][kind]
+    series = data["series"]
+    single = len(series) == 1
+    for i, s in enumerate(series):
         color = COLORS[i % len(COLORS)]
-        freq = np.asarray(d["frequency"], float)
-        mean = np.asarray(d["mean_prob"], float)
+        freq, mean = s["frequency"], s["mean_prob"]
         ok = np.isfinite(freq)
         if single:
             ax.bar(
                 centers[ok],
                 freq[ok],
                 width=width[ok] * 0.9,
-                color=color,
-                alpha=0.75,
+                color="0.55",
+                alpha=0.6,
                 edgecolor="white",
                 label="observed frequency",
             )
-            gap_lo = np.minimum(freq[ok], mean[ok])
+            over = ok & (s["over"] > 0)
+            under = ok & (s["under"] > 0)
             ax.bar(
-                centers[ok],
-                np.abs(mean[ok] - freq[ok]),
-                bottom=gap_lo,
-                width=width[ok] * 0.9,
-                color="none",
-                edgecolor="#d62728",
+                centers[over],
+                s["over"][over],
+                bottom=freq[over],
+                width=width[over] * 0.9,
+                color=OVER_COLOR,
+                alpha=0.45,
                 hatch="///",
-                lw=0.8,
-                label="gap to mean confidence",
+                edgecolor=OVER_COLOR,
+                lw=0.6,
+                label="overconfident: confidence above frequency",
             )
+            ax.bar(
+                centers[under],
+                s["under"][under],
+                bottom=mean[under],
+                width=width[under] * 0.9,
+                color=UNDER_COLOR,
+                alpha=0.45,
+                hatch="\\\\\\",
+                edgecolor=UNDER_COLOR,
+                lw=0.6,
+                label="underconfident: frequency above confidence",
+            )
+            ax.scatter(mean[ok], freq[ok], s=10, color="black", zorder=3)
         else:
-            ax.plot(mean[ok], freq[ok], marker="o", ms=4, color=color, label=run["label"])
-        axc.bar(
-            centers + (i - (len(runs) - 1) / 2) * width * 0.8 / len(runs),
-            np.asarray(d["count"], float),
-            width=width * 0.8 / len(runs),
-            color=color,
-            alpha=0.8,
-        )
-    metric = {"top1": ("ece", "ECE"), "full": ("full_ece", "Full-ECE")}[kind]
-    m = rel0["n_bins"]
-    if single:
-        row = next((b for b in runs[0]["metrics"]["bins"] if b["M"] == m), None)
-        if row is not None:
-            ax.text(
-                0.04,
-                0.93,
-                f"{metric[1]}(M={m}) = {row[metric[0]]:.4f}",
-                transform=ax.transAxes,
-                fontsize=10,
-                va="top",
-                bbox={"facecolor": "white", "edgecolor": "0.8"},
+            ax.plot(mean[ok], freq[ok], marker="o", ms=4, color=color, label=s["label"])
+        if axc is not None:
+            axc.bar(
+                centers + (i - (len(series) - 1) / 2) * width * 0.8 / len(series),
+                s["count"],
+                width=width * 0.8 / len(series),
+                color=color,
+                alpha=0.8,
             )
+    m = data["n_bins"]
+    s0 = series[0]
+    if single and s0["value"] is not None:
+        text = f"{data['metric']}(M={m}) = {s0['value']:.4f}"
+        if kind == "full" and s0.get("overconfidence") is not None:
+            text += f"\nover {s0['overconfidence']:.4f} + under {s0['underconfidence']:.4f}"
+        ax.text(
+            0.04,
+            0.96,
+            text,
+            transform=ax.transAxes,
+            fontsize=9,
+            va="top",
+            bbox={"facecolor": "white", "edgecolor": "0.8"},
+        )
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_ylabel("observed frequency")
     title = {"top1": "Top-1 reliability diagram", "full": "Full-distribution reliability diagram"}
     ax.set_title(f"{title[kind]} (M = {m})")
-    ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.86), fontsize=8, frameon=False)
-    if kind == "full":
-        axc.set_yscale("log")  # bin 1 holds nearly every pair
-    axc.set_ylabel("pairs" if kind == "full" else "positions")
-    axc.set_xlabel("predicted probability" if kind == "full" else "top-1 confidence")
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.84), fontsize=7, frameon=False)
+    xlabel = "predicted probability" if kind == "full" else "top-1 confidence"
+    if axc is not None:
+        if kind == "full":
+            axc.set_yscale("log")  # bin 1 holds nearly every pair
+        axc.set_ylabel("pairs" if kind == "full" else "positions")
+        axc.set_xlabel(xlabel)
+    else:
+        ax.set_xlabel(xlabel)
+    return fig
 
 
-def plot_metrics_vs_bins(runs: list[dict], path: Path) -> Path:
-    """ECE, cw-ECE and Full-ECE against M (log scale): the instability of
-    cw-ECE across M that the paper is about. Hollow markers: approximate."""
+def plot_smooth_reliability(data: dict, ax=None):
+    """relplot's smooth reliability diagram (relplot.plot_rel_diagram) of
+    :func:`prepare_smooth_reliability` data. Returns the figure."""
+    import relplot
+
     plt = _plt()
-    names = (("ece", "ECE"), ("cw_ece", "cw-ECE"), ("full_ece", "Full-ECE"))
-    fig, axes = plt.subplots(1, 3, figsize=(11.5, 3.6))
-    for ax, (key, name) in zip(axes, names, strict=True):
-        for i, run in enumerate(runs):
-            rows = run["metrics"]["bins"]
-            ms = np.array([r["M"] for r in rows])
-            vals = np.array([r[key] for r in rows])
-            exact = np.array([r["exact"] for r in rows])
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(5.0, 5.0))
+    else:
+        fig = ax.figure
+    relplot.plot_rel_diagram(data, fig=fig, ax=ax, use_default_style=False)
+    ax.set_xlabel("top-1 confidence")
+    ax.set_ylabel("accuracy (smoothed)")
+    ax.set_title(
+        f"Top-1 smooth reliability diagram (smECE = {data['ce']:.4f}, N = {data['positions']:,})",
+        fontsize=10,
+    )
+    return fig
+
+
+def plot_temperature_curve(data: dict, ax=None):
+    """NLL (left axis) and Full-ECE / ECE (right axis) against T (log scale),
+    the NLL-minimising T* marked. Returns the figure."""
+    plt = _plt()
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    else:
+        fig = ax.figure
+    t = data["temperature"]
+    ax.plot(t, data["nll"], color="black", marker="o", ms=3, label="NLL")
+    ax.set_xscale("log")
+    lo2, hi2 = math.floor(math.log2(t.min())), math.ceil(math.log2(t.max()))
+    ticks = [2.0**e for e in range(lo2, hi2 + 1) if t.min() <= 2.0**e <= t.max()]
+    ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("temperature T (logits / T)")
+    ax.set_ylabel("NLL (nats)")
+    ax2 = ax.twinx()
+    ax2.spines["right"].set_visible(True)
+    ax2.plot(t, data["full_ece"], color=OVER_COLOR, marker="s", ms=3, label="Full-ECE")
+    ax2.plot(t, data["ece"], color=UNDER_COLOR, marker="^", ms=3, ls=":", label="ECE")
+    ax2.set_ylabel(f"calibration error (M = {data['M']})")
+    ax2.set_ylim(bottom=0)
+    ax.axvline(1.0, color="0.7", lw=0.8, ls="--")
+    if data["best_temperature"] is not None:
+        ts = data["best_temperature"]
+        ax.axvline(ts, color="#2ca02c", lw=1.2)
+        b = data["best"]
+        ax.text(
+            0.5,
+            0.97,
+            f"T* = {ts:.4f}:  NLL {b['nll']:.4f},  ECE {b['ece']:.4f},  Full-ECE {b['full_ece']:.4f}",
+            transform=ax.transAxes,
+            ha="center",
+            color="#2ca02c",
+            va="top",
+            fontsize=8,
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8},
+        )
+    handles = ax.get_legend_handles_labels()
+    handles2 = ax2.get_legend_handles_labels()
+    ax.legend(
+        handles[0] + handles2[0],
+        handles[1] + handles2[1],
+        fontsize=8,
+        frameon=False,
+        loc="center right",
+    )
+    ax.set_title("Temperature scaling: NLL and calibration error against T")
+    return fig
+
+
+def plot_metrics_vs_bins(data: dict, ax=None):
+    """ECE, cw-ECE and Full-ECE against M (log scale), one panel each (`ax`:
+    a sequence of as many axes). Hollow markers: approximate (M > M_exact);
+    a vertical bar: the interval where the value is not determined."""
+    plt = _plt()
+    panels = data["metrics"]
+    if ax is None:
+        fig, axes = plt.subplots(1, len(panels), figsize=(11.5, 3.6))
+    else:
+        axes = list(ax)
+        fig = axes[0].figure
+    many = any(len(p["runs"]) > 1 for p in panels)
+    for a, panel in zip(axes, panels, strict=True):
+        all_m = set()
+        for i, r in enumerate(panel["runs"]):
             color = COLORS[i % len(COLORS)]
-            ax.plot(ms, vals, color=color, lw=1.5, label=run["label"])
-            ax.scatter(ms[exact], vals[exact], color=color, s=22, zorder=3)
-            ax.scatter(ms[~exact], vals[~exact], facecolor="white", edgecolor=color, s=22, zorder=3)
-        rsd = runs[0]["metrics"].get("rsd")
-        if rsd and len(runs) == 1 and rsd.get(key) is not None and math.isfinite(rsd[key]):
-            ax.text(
-                0.04, 0.94, f"RSD = {rsd[key]:.1f}%", transform=ax.transAxes, va="top", fontsize=9
+            ms, vals, exact = r["M"], r["value"], r["exact"]
+            all_m.update(ms.tolist())
+            known = np.isfinite(vals)
+            a.plot(ms[known], vals[known], color=color, lw=1.5, label=r["label"])
+            a.scatter(ms[exact & known], vals[exact & known], color=color, s=22, zorder=3)
+            a.scatter(
+                ms[~exact & known],
+                vals[~exact & known],
+                facecolor="white",
+                edgecolor=color,
+                s=22,
+                zorder=3,
             )
-        ax.set_xscale("log")
-        all_m = sorted({r["M"] for run in runs for r in run["metrics"]["bins"]})
-        ax.set_xticks(all_m, [str(m) for m in all_m])
-        ax.minorticks_off()
-        ax.set_xlabel("number of bins M")
-        ax.set_title(name)
-        ax.set_ylim(bottom=0)
-        ax.grid(True, which="major", alpha=0.3)
+            iv = np.isfinite(r["lo"]) & np.isfinite(r["hi"]) & ~known
+            if iv.any():
+                a.vlines(
+                    ms[iv],
+                    r["lo"][iv],
+                    r["hi"][iv],
+                    color=color,
+                    lw=3,
+                    alpha=0.6,
+                    label=f"{r['label']}: interval (not determined)",
+                )
+        rsd = data["rsd"][0] if data["rsd"] else None
+        key = panel["key"]
+        if rsd and not many and rsd.get(key) is not None and math.isfinite(rsd[key]):
+            a.text(
+                0.04, 0.94, f"RSD = {rsd[key]:.1f}%", transform=a.transAxes, va="top", fontsize=9
+            )
+        a.set_xscale("log")
+        ticks = sorted(all_m)
+        a.set_xticks(ticks, [str(m) for m in ticks])
+        a.minorticks_off()
+        a.set_xlabel("number of bins M")
+        a.set_title(panel["label"])
+        a.set_ylim(bottom=0)
+        a.grid(True, which="major", alpha=0.3)
     axes[0].set_ylabel("calibration error")
-    if len(runs) > 1:
+    if many:
         axes[-1].legend(fontsize=8, frameon=False)
     fig.suptitle("Calibration error against the number of bins", y=1.02)
     fig.tight_layout()
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return fig
 
 
-def plot_token_frequency(runs: list[dict], path: Path) -> Path:
-    """Share of the vocabulary by how often each entry occurs as a label."""
+def plot_token_frequency(hists: list[tuple[str, dict]], ax=None):
+    """Share of the vocabulary by how often each entry occurs as a label;
+    `hists`: (label, :func:`prepare_frequency_histogram` data) per run."""
     plt = _plt()
-    hists = [prepare_frequency_histogram(r["label_counts"]) for r in runs]
-    labels = max((h["labels"] for h in hists), key=len)
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    else:
+        fig = ax.figure
+    labels = max((h["labels"] for _, h in hists), key=len)
     x = np.arange(len(labels))
-    w = 0.8 / len(runs)
-    for i, (run, h) in enumerate(zip(runs, hists, strict=True)):
+    w = 0.8 / len(hists)
+    for i, (name, h) in enumerate(hists):
         shares = np.zeros(len(labels))
         shares[: len(h["shares"])] = h["shares"]
         bars = ax.bar(
-            x + (i - (len(runs) - 1) / 2) * w,
+            x + (i - (len(hists) - 1) / 2) * w,
             shares * 100,
             width=w,
             color=COLORS[i % len(COLORS)],
-            label=run["label"],
+            label=name,
         )
-        if len(runs) == 1:
+        if len(hists) == 1:
             for b, s in zip(bars, shares, strict=True):
                 ax.text(
                     b.get_x() + b.get_width() / 2,
@@ -277,55 +524,79 @@ def plot_token_frequency(runs: list[dict], path: Path) -> Path:
     ax.set_xticks(x, labels)
     ax.set_xlabel("occurrences as a label")
     ax.set_ylabel("share of the vocabulary (%)")
-    ax.set_title(f"Token frequency (K = {hists[0]['vocab_size']:,})")
-    if len(runs) > 1:
+    ax.set_title(f"Token frequency (K = {hists[0][1]['vocab_size']:,})")
+    if len(hists) > 1:
         ax.legend(fontsize=8, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return fig
 
 
-def plot_trend(trend: dict, path: Path) -> Path:
+def plot_trend(trend: dict, ax=None):
     """Metrics at M across runs (training checkpoints, say), in the order given."""
     plt = _plt()
-    names = (("ece", "ECE"), ("cw_ece", "cw-ECE"), ("full_ece", "Full-ECE"))
-    fig, axes = plt.subplots(1, 3, figsize=(11.5, 3.6))
+    names = trend["names"]
+    if ax is None:
+        fig, axes = plt.subplots(1, len(names), figsize=(11.5, 3.6))
+    else:
+        axes = list(ax)
+        fig = axes[0].figure
     x = np.arange(len(trend["labels"]))
-    for ax, (key, name), color in zip(axes, names, COLORS, strict=False):
-        ax.plot(x, trend[key], marker="o", color=color)
-        ax.set_xticks(x, trend["labels"], rotation=30, ha="right")
-        ax.set_title(f"{name} (M = {trend['M']})")
-        ax.set_ylim(bottom=0)
-        ax.grid(True, alpha=0.3)
+    for a, (key, name), color in zip(axes, names, COLORS, strict=False):
+        a.plot(x, trend[key], marker="o", color=color)
+        a.set_xticks(x, trend["labels"], rotation=30, ha="right")
+        a.set_title(f"{name} (M = {trend['M']})")
+        a.set_ylim(bottom=0)
+        a.grid(True, alpha=0.3)
     axes[0].set_ylabel("calibration error")
     fig.tight_layout()
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return fig
 
 
 # --------------------------------------------------------------------- HTML
 
 
-def _cw_html(row: dict) -> str:
-    if row.get("cw_ece_bounds") is not None:  # imported run: the proven interval
-        return f"[{row['cw_ece_bounds'][0]:.3e}, {row['cw_ece_bounds'][1]:.3e}]"
-    return f"{row['cw_ece']:.3e}"
+def _cell(row: dict, key: str, bounds_key: str | None, spec: str) -> str:
+    value = row.get(key)
+    if value is not None:
+        return format(value, spec)
+    bounds = row.get(bounds_key) if bounds_key else None
+    if bounds:
+        return f"[{format(bounds[0], spec)}, {format(bounds[1], spec)}]"
+    return "n/a"
 
 
 def _metrics_table(runs: list[dict]) -> str:
+    from pipeline.core.registry import BIN_METRICS
+
+    cols = [m for m in BIN_METRICS if any(m.key in b for r in runs for b in r["metrics"]["bins"])]
+    rows = []
+    for run in runs:
+        for b in run["metrics"]["bins"]:
+            cells = "".join(
+                f"<td>{_cell(b, m.key, m.bounds_key, '.3e' if m.key == 'cw_ece' else '.6f')}</td>"
+                for m in cols
+            )
+            rows.append(
+                f"<tr><td>{html.escape(run['label'])}</td><td>{b['M']}</td>{cells}"
+                f"<td>{'exact' if b['exact'] else 'approximate'}</td></tr>"
+            )
+    head = "".join(f"<th>{html.escape(m.label)}</th>" for m in cols)
+    head = f"<tr><th>run</th><th>M</th>{head}<th></th></tr>"
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _scores_table(runs: list[dict]) -> str:
+    from pipeline.core.registry import RUN_METRICS
+
+    if not any(r["metrics"].get("nll") is not None for r in runs):
+        return ""
+    head = "".join(f"<th>{html.escape(m.label)}</th>" for m in RUN_METRICS)
     rows = []
     for run in runs:
         m = run["metrics"]
-        for b in m["bins"]:
-            rows.append(
-                f"<tr><td>{html.escape(run['label'])}</td><td>{b['M']}</td>"
-                f"<td>{b['ece']:.6f}</td><td>{_cw_html(b)}</td><td>{b['full_ece']:.6f}</td>"
-                f"<td>{'exact' if b['exact'] else 'approximate'}</td></tr>"
-            )
-    head = "<tr><th>run</th><th>M</th><th>ECE</th><th>cw-ECE</th><th>Full-ECE</th><th></th></tr>"
-    return f"<table>{head}{''.join(rows)}</table>"
+        cells = "".join(f"<td>{_cell(m, x.key, x.bounds_key, '.6f')}</td>" for x in RUN_METRICS)
+        rows.append(f"<tr><td>{html.escape(run['label'])}</td>{cells}</tr>")
+    return f"<table><tr><th>run</th>{head}</tr>{''.join(rows)}</table>"
 
 
 def _summary(runs: list[dict]) -> str:
@@ -336,9 +607,9 @@ def _summary(runs: list[dict]) -> str:
         tf = m["token_frequency"]
         shares = ", ".join(f"{b['range']}: {b['share'] * 100:.1f}%" for b in tf["buckets"])
         rsd_txt = ", ".join(
-            f"{n} {rsd[k]:.1f}%"
-            for k, n in (("ece", "ECE"), ("cw_ece", "cw-ECE"), ("full_ece", "Full-ECE"))
-            if rsd.get(k) is not None and math.isfinite(rsd[k])
+            f"{m.label} {rsd[m.key]:.1f}%"
+            for m in PAPER_METRICS
+            if rsd.get(m.key) is not None and math.isfinite(rsd[m.key])
         )
         items.append(
             f"<li><b>{html.escape(run['label'])}</b>: N = {m['positions']:,} positions, "
@@ -379,6 +650,7 @@ figcaption {{ color: #555; font-size: 0.9em; }}
 Full-ECE: every (position, class) probability pooled into M equal-width bins
 ((m-1)/M, m/M].</p>
 {_summary(runs)}
+{_scores_table(runs)}
 {_metrics_table(runs)}
 {"".join(sections)}
 </body></html>
@@ -398,31 +670,73 @@ def write_report(run_dirs, out_dir, *, quiet: bool = False) -> Path:
     figures = [
         (
             "Top-1 reliability diagram",
-            plot_reliability(runs, "top1", out_dir / "reliability_top1.png"),
-            "Accuracy against top-1 confidence; hatched: the gap per bin. Below: positions per bin.",
+            save_figure(
+                plot_reliability(prepare_reliability(runs, "top1")),
+                out_dir / "reliability_top1.png",
+            ),
+            "Accuracy against top-1 confidence; red: overconfident gap, blue: underconfident "
+            "gap per bin. Below: positions per bin.",
         ),
         (
             "Full-distribution reliability diagram",
-            plot_reliability(runs, "full", out_dir / "reliability_full.png"),
-            "Label frequency against predicted probability over every (position, class) pair.",
+            save_figure(
+                plot_reliability(prepare_reliability(runs, "full")),
+                out_dir / "reliability_full.png",
+            ),
+            "Label frequency against predicted probability over every (position, class) pair; "
+            "red: overconfident bins, blue: underconfident bins.",
         ),
         (
             "Calibration error against M",
-            plot_metrics_vs_bins(runs, out_dir / "metrics_vs_bins.png"),
+            save_figure(
+                plot_metrics_vs_bins(prepare_metrics_vs_bins(runs)),
+                out_dir / "metrics_vs_bins.png",
+            ),
             "ECE, cw-ECE and Full-ECE for the paper's M set; hollow markers are approximate "
-            "(M > M_exact).",
+            "(M > M_exact); bars are intervals where the data do not determine the value.",
         ),
         (
             "Token frequency",
-            plot_token_frequency(runs, out_dir / "token_frequency.png"),
+            save_figure(
+                plot_token_frequency(
+                    [(r["label"], prepare_frequency_histogram(r["label_counts"])) for r in runs]
+                ),
+                out_dir / "token_frequency.png",
+            ),
             "Share of the vocabulary by the number of times each entry occurs as a label.",
         ),
     ]
+    for i, run in enumerate(runs):
+        suffix = "" if len(runs) == 1 else f"_{i}"
+        if run["top1"] is not None:
+            figures.append(
+                (
+                    f"Smooth reliability diagram ({run['label']})",
+                    save_figure(
+                        plot_smooth_reliability(prepare_smooth_reliability(*run["top1"])),
+                        out_dir / f"smooth_reliability{suffix}.png",
+                    ),
+                    "relplot's kernel-smoothed reliability curve of the top-1 confidences "
+                    "(Błasiok & Nakkiran); the title gives the smooth ECE.",
+                )
+            )
+        if run["temperature"] is not None:
+            figures.append(
+                (
+                    f"Temperature scaling ({run['label']})",
+                    save_figure(
+                        plot_temperature_curve(prepare_temperature_curve(run["temperature"])),
+                        out_dir / f"temperature{suffix}.png",
+                    ),
+                    "NLL, ECE and Full-ECE of softmax(logits / T), recomputed from the stored "
+                    "logits; green: the NLL-minimising T*.",
+                )
+            )
     if len(runs) > 1:
         figures.append(
             (
                 "Trend across runs",
-                plot_trend(prepare_trend(runs), out_dir / "trend.png"),
+                save_figure(plot_trend(prepare_trend(runs)), out_dir / "trend.png"),
                 "Metrics at M = 10 for each run, in the order given.",
             )
         )

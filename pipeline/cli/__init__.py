@@ -22,6 +22,7 @@ _COMMANDS = {
     "corpus": "pipeline.cli.corpus:corpus",
     "default": "pipeline.cli.default:default",
     "import": "pipeline.cli.importer:import_command",
+    "temperature": "pipeline.cli.temperature:temperature",
 }
 
 

@@ -36,6 +36,20 @@ __all__ = [
     "tail_split_range",
     "classwise_ece_bounds",
     "FREQUENCY_BUCKETS",
+    "direction_formula",
+    "mce_formula",
+    "direction_at",
+    "adaptive_ece_formula",
+    "smooth_ece_formula",
+    "tail_sum_sq_bounds",
+    "tail_entropy_bounds",
+    "position_scores",
+    "adaptive_ece",
+    "smooth_ece",
+    "nll",
+    "brier",
+    "entropy",
+    "temperature_scan",
 ]
 
 FREQUENCY_BUCKETS = (("0", 0, 0), ("1-10", 1, 10), ("11-100", 11, 100), (">100", 101, None))
@@ -339,3 +353,208 @@ def classwise_ece_bounds(
     lo, hi, hi_exact = tail_split_range(gap, float(tail_mass.sum()), tail_cap)
     scale = 1.0 / (tables.positions * k)
     return (other + lo) * scale, (other + hi) * scale, hi_exact
+
+
+# ---- beyond the paper: direction, worst bin, equal-count bins, smooth ECE ----
+
+
+def direction_formula(hits_by_bin, p_sum_by_bin, positions):
+    """(overconfidence, underconfidence): Full-ECE split by the sign of each
+    pooled bin's gap; their sum is Full-ECE."""
+    gap = np.asarray(p_sum_by_bin, np.float64) - np.asarray(hits_by_bin, np.float64)
+    return (
+        float(np.maximum(gap, 0).sum() / positions),
+        float(np.maximum(-gap, 0).sum() / positions),
+    )
+
+
+def mce_formula(n_by_bin, conf_sum_by_bin, correct_by_bin) -> float:
+    """Top-1 maximum calibration error: max over non-empty bins of
+    |accuracy − mean confidence| (0 when every bin is empty)."""
+    n = np.asarray(n_by_bin, np.float64)
+    ok = n > 0
+    if not ok.any():
+        return 0.0
+    gap = np.abs(np.asarray(correct_by_bin)[ok] - np.asarray(conf_sum_by_bin)[ok]) / n[ok]
+    return float(gap.max())
+
+
+def direction_at(tables: BinTables, n_bins: int) -> dict:
+    """overconfidence, underconfidence (pooled) and mce (top-1) at M = n_bins."""
+    _check_tables(tables)
+    n_bins = check_n_bins(n_bins)
+    n1, conf, correct = top1_by_bin(tables, n_bins)
+    _, p_sum, hits = pooled_by_bin(tables, n_bins)
+    over, under = direction_formula(hits, p_sum, tables.positions)
+    return {
+        "overconfidence": over,
+        "underconfidence": under,
+        "mce": mce_formula(n1, conf, correct),
+    }
+
+
+def _top1_order(confidence, correct):
+    """Positions sorted by top-1 confidence, ties by correctness (so the
+    split does not depend on the order positions were stored in)."""
+    return np.lexsort((np.asarray(correct), np.asarray(confidence)))
+
+
+def adaptive_ece_formula(confidence, correct, n_bins: int) -> float:
+    """Top-1 ECE over M equal-count bins: positions sorted by (confidence,
+    correct), split as ``numpy.array_split`` splits them (the first N mod M
+    bins hold one more position); (1/N) Σ_b |Σ_{i∈b} (correct_i − conf_i)|."""
+    n_bins = check_n_bins(n_bins)
+    conf = np.asarray(confidence, np.float64)
+    hit = np.asarray(correct, np.float64)
+    n = conf.size
+    if n == 0:
+        raise ValueError("adaptive ECE needs at least one position")
+    order = _top1_order(conf, hit)
+    diff = np.concatenate([[0.0], np.cumsum(hit[order] - conf[order])])
+    q, r = divmod(n, n_bins)
+    sizes = np.full(n_bins, q, np.int64)
+    sizes[:r] += 1
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    return float(np.abs(diff[ends] - diff[starts]).sum() / n)
+
+
+def smooth_ece_formula(confidence, correct) -> float:
+    """Smooth ECE (Błasiok & Nakkiran 2023) by Apple's relplot.smECE."""
+    import relplot
+
+    conf = np.asarray(confidence, np.float64)
+    hit = np.asarray(correct, np.float64)
+    if conf.size == 0:
+        raise ValueError("smooth ECE needs at least one position")
+    return float(relplot.smECE(conf, hit))
+
+
+# ---- tails: what the kept entries and (count, mass, max) determine ------------
+
+
+def _tail_shape(tail_count, tail_mass, tail_max):
+    """Per position: c, s, m and the 'greedy' split of the mass beyond the max:
+    j further entries at m and one remainder r (0 <= r < m)."""
+    c = np.asarray(tail_count, np.float64)
+    s = np.asarray(tail_mass, np.float64)
+    m = np.asarray(tail_max, np.float32).astype(np.float64)
+    rest = np.maximum(s - m, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        j = np.where(m > 0, np.floor(rest / m), 0.0)
+    j = np.minimum(j, np.maximum(c - 1, 0))
+    r = np.clip(rest - j * m, 0.0, m)
+    return c, s, m, rest, j, r
+
+
+def tail_sum_sq_bounds(tail_count, tail_mass, tail_max):
+    """[lo, hi] of Σ p² over each position's tail, given its count c, mass s and
+    largest entry m (0 <= p <= m, one entry equal to m, Σ p = s).
+
+    Σ p² is Schur-convex: over {x in [0, m]^(c-1), Σ x = s − m} it is smallest
+    at the even split (majorised by every point) and largest at the greedy
+    point (m, ..., m, r, 0, ...) (which majorises every point):
+    lo = m² + (s − m)²/(c − 1), hi = (j + 1) m² + r². Both lie inside the
+    looser [s²/c, s·m]. Empty tails give [0, 0]; c = 1 collapses to m².
+    """
+    c, s, m, rest, j, r = _tail_shape(tail_count, tail_mass, tail_max)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        spread = np.where(c > 1, rest * rest / np.maximum(c - 1, 1), 0.0)
+    present = (c > 0) & (m > 0)
+    lo = np.where(present, m * m + spread, 0.0)
+    hi = np.where(present, (j + 1) * m * m + r * r, 0.0)
+    return lo, hi
+
+
+def _neg_xlogx(x):
+    x = np.asarray(x, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(x > 0, -x * np.log(np.where(x > 0, x, 1.0)), 0.0)
+
+
+def tail_entropy_bounds(tail_count, tail_mass, tail_max):
+    """[lo, hi] of −Σ p ln p over each position's tail (same constraints as
+    :func:`tail_sum_sq_bounds`). −Σ p ln p is Schur-concave, so the even split
+    of s − m over the other c − 1 entries gives the largest value and the
+    greedy point the smallest: hi = h(m) + (c − 1) h((s − m)/(c − 1)),
+    lo = (j + 1) h(m) + h(r), with h(x) = −x ln x."""
+    c, s, m, rest, j, r = _tail_shape(tail_count, tail_mass, tail_max)
+    present = (c > 0) & (m > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        even = np.where(c > 1, rest / np.maximum(c - 1, 1), 0.0)
+    hm = _neg_xlogx(m)
+    lo = np.where(present, (j + 1) * hm + _neg_xlogx(r), 0.0)
+    hi = np.where(present, hm + np.maximum(c - 1, 0) * _neg_xlogx(even), 0.0)
+    return lo, hi
+
+
+# ---- position-level scores on arrays ---------------------------------------------
+
+
+def _dense_rows(probs, labels):
+    from pipeline.core.checks import InputError
+
+    p = probs.detach().cpu().numpy() if hasattr(probs, "detach") else np.asarray(probs)
+    y = labels.detach().cpu().numpy() if hasattr(labels, "detach") else np.asarray(labels)
+    if p.ndim != 2:
+        raise InputError(f"probabilities must be 2-D [n, K], got shape {p.shape}")
+    y = y.astype(np.int64).reshape(-1)
+    if y.shape[0] != p.shape[0]:
+        raise InputError(f"{p.shape[0]} rows of probabilities but {y.shape[0]} labels")
+    if y.size and (y.min() < 0 or y.max() >= p.shape[1]):
+        raise InputError(f"labels must lie in [0, {p.shape[1]})")
+    return p.astype(np.float32, copy=False), y
+
+
+def position_scores(probs, labels) -> dict:
+    """Per position, from the dense [n, K] probabilities of record: label_prob,
+    top1_prob, correct, sum_p2 (float64), entropy (float64)."""
+    p, y = _dense_rows(probs, labels)
+    rows = np.arange(p.shape[0])
+    top1 = p.argmax(axis=1)
+    p64 = p.astype(np.float64)
+    return {
+        "label_prob": p[rows, y],
+        "top1_prob": p[rows, top1],
+        "correct": top1 == y,
+        "sum_p2": np.einsum("ij,ij->i", p64, p64),
+        "entropy": _neg_xlogx(p64).sum(axis=1),
+    }
+
+
+def nll(probs, labels) -> float:
+    """Mean −ln p(label) (float64 arithmetic on the probability of record)."""
+    s = position_scores(probs, labels)
+    return float(-np.log(s["label_prob"].astype(np.float64)).mean())
+
+
+def brier(probs, labels) -> float:
+    """Mean Σ_k (p_k − 1[k = label])² over the whole vocabulary."""
+    s = position_scores(probs, labels)
+    return float((s["sum_p2"] - 2.0 * s["label_prob"].astype(np.float64) + 1.0).mean())
+
+
+def entropy(probs, labels=None) -> float:
+    """Mean predictive entropy in nats."""
+    p = probs.detach().cpu().numpy() if hasattr(probs, "detach") else np.asarray(probs)
+    return float(_neg_xlogx(p.astype(np.float32).astype(np.float64)).sum(axis=1).mean())
+
+
+def adaptive_ece(probs, labels, n_bins: int = 10) -> float:
+    """Top-1 ECE over M equal-count bins (see :func:`adaptive_ece_formula`)."""
+    s = position_scores(probs, labels)
+    return adaptive_ece_formula(s["top1_prob"], s["correct"], n_bins)
+
+
+def smooth_ece(probs, labels) -> float:
+    """relplot.smECE on the top-1 confidences and their correctness."""
+    s = position_scores(probs, labels)
+    return smooth_ece_formula(s["top1_prob"], s["correct"])
+
+
+def temperature_scan(logits, labels, *args, **kwargs) -> dict:
+    """NLL, ECE and Full-ECE at each temperature of a grid, and the
+    NLL-minimising temperature (see :mod:`pipeline.core.temperature`)."""
+    from pipeline.core.temperature import temperature_scan as scan
+
+    return scan(logits, labels, *args, **kwargs)

@@ -23,7 +23,7 @@ from pipeline.store.manifest import (
     save_manifest,
     summarize_shards,
 )
-from pipeline.store.schema import SCHEMA_VERSION
+from pipeline.store.schema import POSITIONS_V1, SCHEMA_VERSION
 from pipeline.store.shards import (
     SHARDS_DIR,
     positions_batch,
@@ -126,7 +126,8 @@ class ImportWriter:
         result = convert_batch(batch, self.vocab_size, self.sum_tolerance)
         if self._writer is None:
             names = shard_names(len(self.shards))
-            self._writer = positions_writer(self.tmp / names["positions"])
+            # outside dumps carry no Σp² per position: positions v1
+            self._writer = positions_writer(self.tmp / names["positions"], POSITIONS_V1)
             self._class = ClassTailSums(self.vocab_size)
             self._rows = 0
             self._tail_max = 0.0

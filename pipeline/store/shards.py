@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from pipeline.store.schema import (
     CLASS_TAIL,
     POSITIONS,
+    POSITIONS_V1,
     SCHEMA_VERSION,
     check_table_schema,
     check_version,
@@ -73,15 +74,20 @@ def shard_names(index: int, rank: int | None = None) -> dict[str, str]:
 # ----------------------------------------------------------------- writing
 
 
-def positions_writer(path) -> pq.ParquetWriter:
-    """A ParquetWriter for a positions table (zstd, size-oriented encodings)."""
+def positions_writer(path, schema: pa.Schema = POSITIONS) -> pq.ParquetWriter:
+    """A ParquetWriter for a positions table (zstd, size-oriented encodings).
+
+    `schema` is POSITIONS (v2, with sum_p2) or POSITIONS_V1 for writers that
+    have no Σp² per position (imported dumps)."""
     return pq.ParquetWriter(
         str(path),
-        POSITIONS,
+        schema,
         compression=PARQUET_COMPRESSION,
         compression_level=PARQUET_COMPRESSION_LEVEL,
         use_dictionary=False,
-        column_encoding={_POSITIONS_PATHS[k]: v for k, v in _POSITIONS_ENCODING.items()},
+        column_encoding={
+            _POSITIONS_PATHS[k]: v for k, v in _POSITIONS_ENCODING.items() if k in schema.names
+        },
         write_statistics=["doc_id", "offset", "label"],
         store_schema=True,
     )
@@ -91,14 +97,16 @@ def positions_batch(cols: dict) -> pa.RecordBatch:
     """Build a positions RecordBatch from numpy columns.
 
     `cols` holds one array per scalar column of POSITIONS plus ``kept_counts``
-    (int, per row) and flat ``kept_ids`` / ``kept_probs`` (row-major).
+    (int, per row) and flat ``kept_ids`` / ``kept_probs`` (row-major). Without
+    a ``sum_p2`` column the batch is positions v1 (POSITIONS_V1).
     """
+    schema = POSITIONS if "sum_p2" in cols else POSITIONS_V1
     counts = np.asarray(cols["kept_counts"], dtype=np.int64)
     offsets = np.zeros(len(counts) + 1, dtype=np.int32)
     np.cumsum(counts, out=offsets[1:])
     offsets_arr = pa.array(offsets, type=pa.int32())
     arrays = []
-    for field in POSITIONS:
+    for field in schema:
         if field.name in ("kept_ids", "kept_probs"):
             values = pa.array(
                 np.asarray(cols[field.name], dtype=field.type.value_type.to_pandas_dtype())
@@ -108,7 +116,7 @@ def positions_batch(cols: dict) -> pa.RecordBatch:
             arrays.append(
                 pa.array(np.asarray(cols[field.name], dtype=field.type.to_pandas_dtype()))
             )
-    return pa.RecordBatch.from_arrays(arrays, schema=POSITIONS)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def write_class_tail(

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.store.manifest import path_sha256
-from pipeline.store.schema import CLASS_TAIL, POSITIONS
+from pipeline.store.schema import CLASS_TAIL, POSITIONS, POSITIONS_V1
 
 MANIFEST_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "manifest.v1.schema.json"
 
@@ -91,8 +91,12 @@ def kept_mask(probs: np.ndarray, labels: np.ndarray, k: int, tau: float | None) 
     return mask
 
 
-def positions_table(case: DenseCase, rows: slice, k: int, tau: float | None):
-    """(positions pa.Table, class tail_count [K], class tail_mass [K]) of some rows."""
+def positions_table(
+    case: DenseCase, rows: slice, k: int, tau: float | None, positions_version: int = 2
+):
+    """(positions pa.Table, class tail_count [K], class tail_mass [K]) of some rows.
+
+    positions_version 2 carries sum_p2; 1 is the older layout without it."""
     P = case.probs[rows]
     y = case.labels[rows]
     n, K = P.shape
@@ -125,6 +129,8 @@ def positions_table(case: DenseCase, rows: slice, k: int, tau: float | None):
             "sum_p2": pa.array(np.square(P.astype(np.float64)).sum(axis=1)),
         }
     ).cast(POSITIONS)
+    if positions_version == 1:
+        table = table.drop_columns(["sum_p2"]).cast(POSITIONS_V1)
     class_count = (~mask).sum(axis=0).astype(np.int64)
     class_mass = tail.sum(axis=0, dtype=np.float64)
     return table, class_count, class_mass
@@ -140,6 +146,7 @@ def write_run(
     shard_rows: int = 100,
     label: str | None = None,
     zarr_chunk_rows: int = 32,
+    positions_version: int = 2,
 ) -> dict:
     """Write a run directory (manifest + shards) holding `case`; returns the manifest."""
     run_dir = Path(run_dir)
@@ -148,7 +155,7 @@ def write_run(
     shards = []
     for index, start in enumerate(range(0, case.n, shard_rows)):
         rows = slice(start, min(case.n, start + shard_rows))
-        table, class_count, class_mass = positions_table(case, rows, k, tau)
+        table, class_count, class_mass = positions_table(case, rows, k, tau, positions_version)
         names = {
             "positions": f"shards/positions-{index:05d}.parquet",
             "class_tail": f"shards/class_tail-{index:05d}.parquet",

@@ -1,0 +1,143 @@
+"""The metric registry: one declaration per metric `fullece metrics` reports.
+
+Each :class:`Metric` says where the figure lives in the JSON object (top level
+or each ``bins[]`` row), what it is called in text, how it is computed (which
+table or column) and what makes it exact. The text output, the JSON schema
+(``schemas/metrics.v1.schema.json``, checked against this table in the tests),
+``fullece compare`` and the report read their metric lists from here, so a new
+metric is declared once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Metric", "REGISTRY", "PAPER_METRICS", "BIN_METRICS", "RUN_METRICS", "metric"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str  # JSON key
+    label: str  # text / figure label
+    level: str  # "run": one value per run (top level); "bins": one per bins[] row
+    formula: str  # the definition, in one line
+    source: str  # which table / column it is computed from
+    exact_when: str  # what makes it exact (else: interval key or exact=false)
+    bounds_key: str | None = None  # JSON key of the [lo, hi] interval, when it can be one
+    paper: bool = False  # one of the paper's three metrics (ECE, cw-ECE, Full-ECE)
+
+
+REGISTRY: tuple[Metric, ...] = (
+    Metric(
+        "ece",
+        "ECE",
+        "bins",
+        "(1/N) Σ_m |correct_m − conf_sum_m|",
+        "top1_bins (n, conf_sum, correct)",
+        "always (top-1 is stored per position)",
+        paper=True,
+    ),
+    Metric(
+        "cw_ece",
+        "cw-ECE",
+        "bins",
+        "(1/(N K)) Σ_k Σ_m |hits_mk − p_sum_mk|",
+        "class_bins (class_id, bin, p_sum, hits)",
+        "M <= m_exact (every tail probability in bin 1)",
+        bounds_key="cw_ece_bounds",
+        paper=True,
+    ),
+    Metric(
+        "full_ece",
+        "Full-ECE",
+        "bins",
+        "(1/N) Σ_m |Σ_k hits_mk − Σ_k p_sum_mk|",
+        "class_bins pooled over classes",
+        "M <= m_exact",
+        paper=True,
+    ),
+    Metric(
+        "overconfidence",
+        "over",
+        "bins",
+        "(1/N) Σ_m max(p_sum_m − hits_m, 0), pooled over classes",
+        "class_bins pooled over classes",
+        "M <= m_exact; full_ece = overconfidence + underconfidence",
+    ),
+    Metric(
+        "underconfidence",
+        "under",
+        "bins",
+        "(1/N) Σ_m max(hits_m − p_sum_m, 0), pooled over classes",
+        "class_bins pooled over classes",
+        "M <= m_exact",
+    ),
+    Metric(
+        "mce",
+        "MCE",
+        "bins",
+        "max over non-empty top-1 bins of |correct_m/n_m − conf_sum_m/n_m|",
+        "top1_bins",
+        "always",
+    ),
+    Metric(
+        "adaptive_ece",
+        "adaptive ECE",
+        "bins",
+        "(1/N) Σ_b |Σ_{i∈b} (1[top1_i = label_i] − top1_prob_i)| over M equal-count bins "
+        "of the positions sorted by (top1_prob, correct), split like numpy.array_split",
+        "positions (top1_prob, top1_id, label)",
+        "always (needs the run's positions; null from a tables directory)",
+    ),
+    Metric(
+        "nll",
+        "NLL",
+        "run",
+        "(1/N) Σ_i −ln p_i(label_i), float64 arithmetic on the float32 probability of record",
+        "positions.label_prob",
+        "always",
+    ),
+    Metric(
+        "perplexity",
+        "perplexity",
+        "run",
+        "exp(nll)",
+        "positions.label_prob",
+        "always",
+    ),
+    Metric(
+        "brier",
+        "Brier",
+        "run",
+        "(1/N) Σ_i Σ_k (p_ik − 1[k = label_i])² = (1/N) Σ_i (Σ_k p_ik² − 2 p_i(label_i) + 1)",
+        "positions.sum_p2 (schema v2) or the full store's logits; else kept_probs + tail",
+        "sum_p2 stored or full store; else brier_bounds from the kept entries and the tail",
+        bounds_key="brier_bounds",
+    ),
+    Metric(
+        "entropy",
+        "entropy",
+        "run",
+        "(1/N) Σ_i −Σ_k p_ik ln p_ik (nats)",
+        "positions.entropy or the full store's logits; else kept_probs + tail",
+        "entropy stored for every position or full store; else entropy_bounds",
+        bounds_key="entropy_bounds",
+    ),
+    Metric(
+        "smooth_ece",
+        "smooth ECE",
+        "run",
+        "smECE of Błasiok & Nakkiran on (top1_prob, correct), relplot.smECE",
+        "positions (top1_prob, top1_id, label)",
+        "always (a deterministic function of the stored top-1 pairs)",
+    ),
+)
+
+_BY_KEY = {m.key: m for m in REGISTRY}
+PAPER_METRICS = tuple(m for m in REGISTRY if m.paper)
+BIN_METRICS = tuple(m for m in REGISTRY if m.level == "bins")
+RUN_METRICS = tuple(m for m in REGISTRY if m.level == "run")
+
+
+def metric(key: str) -> Metric:
+    return _BY_KEY[key]
