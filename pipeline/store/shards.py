@@ -80,6 +80,7 @@ def positions_writer(path) -> pq.ParquetWriter:
         column_encoding={_POSITIONS_PATHS[k]: v for k, v in _POSITIONS_ENCODING.items()},
         write_statistics=["doc_id", "offset", "label"],
         store_schema=True,
+        write_page_checksum=True,
     )
 
 
@@ -129,6 +130,7 @@ def write_class_tail(path, tail_count: np.ndarray, tail_mass: np.ndarray) -> Non
             "tail_count": "DELTA_BINARY_PACKED",
             "tail_mass": "BYTE_STREAM_SPLIT",
         },
+        write_page_checksum=True,
     )
 
 
@@ -143,7 +145,7 @@ def create_logits_store(path, rows: int, vocab_size: int, dtype, chunk_rows: int
     is computed), so no resize ever happens; the caller writes whole chunks.
     """
     import zarr
-    from zarr.codecs import BloscCodec
+    from zarr.codecs import BloscCodec, Crc32cCodec
 
     dtype = np.dtype(dtype)
     if dtype not in (np.float16, np.float32):
@@ -161,7 +163,11 @@ def create_logits_store(path, rows: int, vocab_size: int, dtype, chunk_rows: int
     )
 
     def codec(typesize):
-        return BloscCodec(typesize=typesize, cname="zstd", clevel=ZARR_CLEVEL, shuffle="shuffle")
+        # crc32c last: every chunk carries a checksum that zarr verifies on read
+        return [
+            BloscCodec(typesize=typesize, cname="zstd", clevel=ZARR_CLEVEL, shuffle="shuffle"),
+            Crc32cCodec(),
+        ]
 
     logits = group.create_array(
         "logits",
@@ -203,7 +209,7 @@ def _manifest(run_dir, manifest):
 def open_positions(run_dir, shard: dict) -> pq.ParquetFile:
     """The positions Parquet file of a shard, its schema and version checked."""
     path = _shard_path(run_dir, shard, "positions")
-    pf = pq.ParquetFile(str(path))
+    pf = pq.ParquetFile(str(path), page_checksum_verification=True)
     check_table_schema(pf.schema_arrow, "positions", str(path))
     return pf
 
@@ -269,7 +275,7 @@ def accumulate_kept(acc, run_dir, manifest: dict | None = None) -> None:
 def read_class_tail(run_dir, shard: dict, vocab_size: int | None = None):
     """(tail_count int64[K], tail_mass float64[K]) of a shard, indexed by class id."""
     path = _shard_path(run_dir, shard, "class_tail")
-    table = pq.read_table(str(path))
+    table = pq.read_table(str(path), page_checksum_verification=True)
     check_table_schema(table.schema, "class_tail", str(path))
     ids = table.column("class_id").to_numpy()
     k = vocab_size if vocab_size is not None else len(ids)
@@ -282,12 +288,53 @@ def read_class_tail(run_dir, shard: dict, vocab_size: int | None = None):
 
 def open_logits(run_dir, shard: dict):
     """(logits, logsumexp) Zarr arrays of a full-store shard (read-only)."""
+    return open_logits_group(_shard_path(run_dir, shard, "logits"))
+
+
+def open_logits_group(path, rows: int | None = None, vocab_size: int | None = None):
+    """The one Zarr reader: (logits, logsumexp) of the group at `path`, its version,
+    shapes (when `rows` / `vocab_size` are given) and dtypes checked. Raises
+    ValueError (SchemaVersionError for an unknown version) naming the path."""
     import zarr
 
-    path = _shard_path(run_dir, shard, "logits")
-    group = zarr.open_group(str(path), mode="r")
-    check_version(group.attrs.get("fullece.schema_version"), str(path))
-    return group["logits"], group["logsumexp"]
+    from pipeline.store.schema import SchemaVersionError
+
+    try:
+        group = zarr.open_group(str(path), mode="r")
+        version = group.attrs.get("fullece.schema_version")
+        logits, lse = group["logits"], group["logsumexp"]
+    except Exception as err:  # noqa: BLE001 - zarr raises many types
+        raise ValueError(f"{path}: not a readable Zarr v3 logits store ({err})") from err
+    if version is not None:
+        try:
+            check_version(version, str(path))
+        except SchemaVersionError:
+            raise
+    expected = (
+        rows if rows is not None else logits.shape[0],
+        vocab_size if vocab_size is not None else logits.shape[-1],
+    )
+    if logits.ndim != 2 or tuple(logits.shape) != expected:
+        raise ValueError(
+            f"{path}/logits: shape {tuple(logits.shape)}, expected [rows, K] = "
+            f"[{expected[0]}, {expected[1]}]"
+        )
+    if tuple(lse.shape) != (expected[0],) or np.dtype(lse.dtype) != np.float32:
+        raise ValueError(
+            f"{path}/logsumexp: {lse.dtype}{tuple(lse.shape)}, expected float32 ({expected[0]},)"
+        )
+    if np.dtype(logits.dtype) not in (np.float16, np.float32):
+        raise ValueError(f"{path}/logits: dtype {logits.dtype}, expected float16 or float32")
+    return logits, lse
+
+
+def zarr_has_checksums(logits, lse) -> bool:
+    """True when every chunk of both arrays carries a crc32c checksum (verified on read)."""
+    from zarr.codecs import Crc32cCodec
+
+    return all(
+        any(isinstance(c, Crc32cCodec) for c in (arr.compressors or ())) for arr in (logits, lse)
+    )
 
 
 def probs_from_logits(logits: np.ndarray, logsumexp: np.ndarray) -> np.ndarray:
