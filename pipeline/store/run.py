@@ -399,3 +399,55 @@ def run_label(run_dir) -> str:
 def is_run(path) -> bool:
     """True when `path` is a run directory (holds manifest.json)."""
     return (Path(path) / "manifest.json").exists()
+
+
+# ------------------------------------------------------------ completeness
+
+
+def completeness(run_dir) -> dict:
+    """How much of its slice a run holds: ``{"complete", "positions",
+    "positions_total" (int or None: known only once extraction is complete, or
+    when the manifest records a plan), "documents", "documents_total"}``.
+    A tables directory without a run counts as complete (nothing to compare)."""
+    run_dir = Path(run_dir)
+    if not is_run(run_dir):
+        return {"complete": True, "positions": None, "positions_total": None}
+    manifest = load_manifest(run_dir)
+    shards = manifest.get("shards") or []
+    positions = int(sum(int(s.get("rows", 0)) for s in shards))
+    complete = manifest.get("complete") is True
+    docs = [s.get("documents") for s in shards]
+    planned = manifest.get("planned_positions")
+    return {
+        "complete": complete,
+        "positions": positions,
+        "positions_total": positions
+        if complete
+        else (planned if isinstance(planned, int) else None),
+        "documents": sum(docs) + int(manifest.get("skipped_documents") or 0)
+        if all(isinstance(d, int) for d in docs)
+        else None,
+        "documents_total": (manifest.get("corpus") or {}).get("slice_documents"),
+    }
+
+
+def describe_coverage(info: dict) -> str:
+    """'N of M positions' (or of the documents, when M is not known yet)."""
+    n = info.get("positions") or 0
+    total = info.get("positions_total")
+    text = f"{n:,} of {total:,} positions" if total is not None else f"{n:,} positions"
+    if info.get("documents") is not None and info.get("documents_total") is not None:
+        text += f" ({info['documents']:,} of {info['documents_total']:,} documents of the slice)"
+    return text
+
+
+def require_complete(run_dir, partial: bool = False) -> dict:
+    """The run's completeness; an incomplete run is refused unless `partial`."""
+    info = completeness(run_dir)
+    if not info["complete"] and not partial:
+        raise RunError(
+            f"{run_dir}: incomplete run (complete: false in manifest.json): it holds "
+            f"{describe_coverage(info)}. Resume the extraction with the same command, or "
+            "pass --partial to measure what is there"
+        )
+    return info
