@@ -435,6 +435,8 @@ def aggregate(
         except ValueError:
             pass  # altered tables: rebuilt below from the verified shards
     _check_out_dir(out, runs)
+    if not _writable(out):
+        raise AggregateError(f"{out}: not writable (a read-only run?); give --out DIR elsewhere")
     out.mkdir(parents=True, exist_ok=True)
     temp_dir = scratch_dir(out)
     parts_base = None if keep_parts else temp_dir / "parts"

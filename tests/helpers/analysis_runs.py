@@ -189,14 +189,14 @@ def write_run(
         "tokenizer": {"path": "/models/tok", "files": {}},
         "corpus": {
             "path": "/corpus/test.txt",
-            "format": "text",
+            "format": "txt",
             "sha256": "0" * 64,
             "documents": int(np.unique(case.doc_ids).size),
         },
         "settings": {
             "store": store,
             "k": k,
-            "tau": tau,
+            "tau": tau if tau is not None else 0.0,
             "max_length": 64,
             "stride": 32,
             "batch_size": 8,
