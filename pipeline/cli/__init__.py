@@ -72,8 +72,11 @@ def _debug_wanted() -> bool:
 
 def error_line(err: BaseException) -> str:
     """One line for an unexpected exception: what happened, in words."""
-    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-        where = f" writing {err.filename}" if err.filename else ""
+    if (isinstance(err, OSError) and err.errno == errno.ENOSPC) or (
+        "No space left on device" in str(err)  # DuckDB's IOException, say
+    ):
+        name = getattr(err, "filename", None)
+        where = f" writing {name}" if name else ""
         return (
             f"no space left on the device{where}; free some space (or write elsewhere) "
             "and run the command again: completed work is kept"

@@ -263,29 +263,44 @@ def verify_shard_files(shard: Shard, *, thorough: bool = False) -> None:
     zarr as it is read (unless `thorough`, as in `validate`); any other file is
     hashed (sha256, cached by size and mtime within the process) and compared
     with the manifest."""
-    from pipeline.store.tablestore import cached_sha256
-
     files = shard.entry.get("files") or {}
     where = shard.run_dir / "manifest.json"
     for key in ("positions", "class_tail", "logits"):
         rel = shard.entry.get(key)
         if rel and rel not in files:
             raise AggregateError(f"{where}: shard {shard.index}: {rel} has no checksum")
-    for rel, digest in files.items():
-        path = inside_run(shard.run_dir, rel)
-        if not path.exists():
-            raise AggregateError(f"{path}: shard file missing (listed in {where})")
-        if not thorough and path.is_dir() and rel == shard.entry.get("logits"):
-            _, logits, lse = open_zarr(shard)
-            from pipeline.store.shards import zarr_has_checksums
+    for rel in files:
+        verify_file(shard.run_dir, shard.entry, rel, thorough=thorough)
 
-            if zarr_has_checksums(logits, lse):
-                continue
-        if cached_sha256(path) != digest:
-            raise AggregateError(
-                f"{path}: checksum differs from the manifest (the file changed after it was "
-                "written; shard fails validation): re-extract the shard or restore the file"
-            )
+
+def verify_file(run_dir, entry: dict, rel: str, *, thorough: bool = False) -> Path:
+    """One file of a shard entry checked against the manifest's sha256 (see
+    verify_shard_files); returns its path."""
+    from pipeline.store.tablestore import cached_sha256
+
+    run_dir = Path(run_dir)
+    where = run_dir / "manifest.json"
+    digest = (entry.get("files") or {}).get(rel)
+    if digest is None:
+        raise AggregateError(f"{where}: shard {entry.get('index')}: {rel} has no checksum")
+    path = inside_run(run_dir, rel)
+    if not path.exists():
+        raise AggregateError(f"{path}: shard file missing (listed in {where})")
+    if not thorough and path.is_dir() and rel == entry.get("logits"):
+        from pipeline.store.shards import open_logits_group, zarr_has_checksums
+
+        try:
+            logits, lse = open_logits_group(path)
+        except ValueError as err:
+            raise AggregateError(str(err)) from err
+        if zarr_has_checksums(logits, lse):
+            return path  # every chunk is verified by zarr as it is read
+    if cached_sha256(path) != digest:
+        raise AggregateError(
+            f"{path}: checksum differs from the manifest (the file changed after it was "
+            "written; shard fails validation): re-extract the shard or restore the file"
+        )
+    return path
 
 
 def check_positions(shard: Shard) -> Path:

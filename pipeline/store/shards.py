@@ -195,7 +195,16 @@ def _shard_path(run_dir, shard: dict, key: str) -> Path:
     rel = shard.get(key)
     if not rel:
         raise ValueError(f"shard {shard.get('index')} has no {key} file in this run")
-    return Path(run_dir) / rel
+    from pipeline.store.run import inside_run
+
+    return inside_run(Path(run_dir), rel)
+
+
+def _verify(run_dir, shard: dict, key: str) -> None:
+    """The file against the manifest's sha256 (Zarr with crc32c: verified on read)."""
+    from pipeline.store.run import verify_file
+
+    verify_file(run_dir, shard, shard[key])
 
 
 def _manifest(run_dir, manifest):
@@ -211,6 +220,7 @@ def open_positions(run_dir, shard: dict) -> pq.ParquetFile:
     path = _shard_path(run_dir, shard, "positions")
     pf = pq.ParquetFile(str(path), page_checksum_verification=True)
     check_table_schema(pf.schema_arrow, "positions", str(path))
+    _verify(run_dir, shard, "positions")
     return pf
 
 
@@ -277,6 +287,7 @@ def read_class_tail(run_dir, shard: dict, vocab_size: int | None = None):
     path = _shard_path(run_dir, shard, "class_tail")
     table = pq.read_table(str(path), page_checksum_verification=True)
     check_table_schema(table.schema, "class_tail", str(path))
+    _verify(run_dir, shard, "class_tail")
     ids = table.column("class_id").to_numpy()
     k = vocab_size if vocab_size is not None else len(ids)
     count = np.zeros(k, dtype=np.int64)
@@ -287,8 +298,10 @@ def read_class_tail(run_dir, shard: dict, vocab_size: int | None = None):
 
 
 def open_logits(run_dir, shard: dict):
-    """(logits, logsumexp) Zarr arrays of a full-store shard (read-only)."""
-    return open_logits_group(_shard_path(run_dir, shard, "logits"))
+    """(logits, logsumexp) Zarr arrays of a full-store shard (read-only), verified."""
+    arrays = open_logits_group(_shard_path(run_dir, shard, "logits"))
+    _verify(run_dir, shard, "logits")
+    return arrays
 
 
 def open_logits_group(path, rows: int | None = None, vocab_size: int | None = None):
