@@ -22,6 +22,7 @@ from pipeline.aggregate import (
 from pipeline.cli.aggregate import aggregate_command
 from pipeline.core.accumulator import CalibrationAccumulator
 from pipeline.core.metrics import metrics_at
+from pipeline.store.manifest import path_sha256
 from pipeline.store.schema import SchemaVersionError
 from tests.helpers.analysis_runs import (
     assert_tables_match_dense,
@@ -134,7 +135,10 @@ def test_incremental_parts(tmp_path, case, monkeypatch):
         index=1,
         positions="shards/positions-00001.parquet",
         class_tail="shards/class_tail-00001.parquet",
-        files={"shards/positions-00001.parquet": "changed"},
+        files={
+            rel: path_sha256(run / rel)
+            for rel in ("shards/positions-00001.parquet", "shards/class_tail-00001.parquet")
+        },
     )
     manifest["shards"][1] = entry
     (run / "manifest.json").write_text(json.dumps(manifest))
@@ -199,6 +203,9 @@ def test_shard_failing_validation(tmp_path, case):
     labels[0] = min(set(range(40)) - kept0)
     t = t.set_column(t.schema.get_field_index("label"), "label", pa.array(labels, pa.int32()))
     pq.write_table(t.cast(t.schema), pos)
+    manifest = json.loads((run / "manifest.json").read_text())  # as a faulty extractor would
+    manifest["shards"][0]["files"]["shards/positions-00000.parquet"] = path_sha256(pos)
+    (run / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(AggregateError, match="positions-00000.parquet.*label"):
         aggregate([run])
 

@@ -96,7 +96,7 @@ def test_flipped_byte_in_zarr_chunk(run_copy):
 def test_missing_and_extra_problems(run_copy):
     run = run_copy()
     (run / "shards" / "class_tail-00000.parquet").unlink()
-    assert "class_tail-00000.parquet: missing" in find_problems(run)[0]
+    assert "class_tail-00000.parquet: shard file missing" in find_problems(run)[0]
 
 
 def test_unknown_manifest_version(run_copy):

@@ -48,6 +48,7 @@ from pipeline.store.run import (
     Shard,
     check_class_tail,
     check_positions,
+    check_shard,
     iter_logit_blocks,
     open_run,
     open_runs,
@@ -97,7 +98,7 @@ def _write_query(con, query: str, path: Path, schema: pa.Schema) -> int:
     rows = 0
     with atomic.atomic_path(path) as tmp:
         reader = con.sql(query).to_arrow_reader(_WRITE_BATCH_ROWS)
-        with pq.ParquetWriter(str(tmp), schema, compression="zstd") as writer:
+        with tablestore.parquet_writer(tmp, schema) as writer:
             for batch in reader:
                 if batch.num_rows == 0:
                     continue
@@ -237,6 +238,20 @@ def _read_part_meta(part_dir: Path) -> dict | None:
         return None
     if not all((part_dir / f"{name}.parquet").exists() for name in TABLE_NAMES):
         return None
+    # a part is a cache: one whose files changed since they were written is rebuilt
+    if meta.get("files") != _part_checksums(part_dir):
+        return None
+    return meta
+
+
+def _part_checksums(part_dir: Path) -> dict:
+    return tablestore.table_checksums(part_dir)
+
+
+def _seal_part(part_dir: Path, meta: dict) -> dict:
+    """Record the sha256 of a freshly written part's files in its part.json."""
+    meta = dict(meta, files=_part_checksums(part_dir))
+    atomic.write_json(part_dir / PART_META, meta)
     return meta
 
 
@@ -306,6 +321,7 @@ def build_parts(
     con = None
     with _progress(total, "aggregate", progress) as bar:
         for run, shard, part_dir in todo:
+            check_shard(shard)  # checksums, schemas, rows: nothing unverified is read
             if shard.store == "topk":
                 if con is None:
                     con = _connect(memory_limit, temp_dir)
@@ -313,6 +329,7 @@ def build_parts(
                 bar.update(shard.rows)
             else:
                 meta = _aggregate_full_shard(shard, part_dir, fine_bins, bar)
+            meta = _seal_part(part_dir, meta)
             done.append((run, shard, part_dir, meta))
     if con is not None:
         con.close()
@@ -350,19 +367,33 @@ def _reduce(
         tail_max=max((float(m["tail_max"]) for _, _, _, m in parts), default=0.0),
         sources=[f"{run.label}:{shard.entry.get('positions')}" for run, shard, _, _ in parts],
     )
-    meta["runs"] = [_run_record(run, fine_bins) for run in runs]
+    meta["runs"] = [_run_record(run, out) for run in runs]
     meta.update(tail_meta)
-    atomic.write_json(out / META_NAME, meta)  # last: marks the tables complete
-    return meta
+    tablestore.write_meta(out, meta)  # last: marks the tables complete
+    return tablestore.read_meta(out)
 
 
-def _run_record(run: Run, fine_bins: int) -> dict:
+def _run_inputs(run: Run) -> dict:
+    """{relative path: sha256} of every shard file of a run, from its manifest."""
+    inputs = {}
+    for shard in run.shards:
+        inputs.update(shard.entry.get("files") or {})
+    return dict(sorted(inputs.items()))
+
+
+def _run_record(run: Run, tables_dir: Path) -> dict:
+    """What the tables were built from: the run (path RELATIVE to the tables
+    directory, so a moved run keeps its tables) and its shard files' sha256."""
+    try:
+        rel = os.path.relpath(run.run_dir.resolve(), Path(tables_dir).resolve())
+    except ValueError:  # another drive (Windows)
+        rel = str(run.run_dir.resolve())
     return {
-        "run_dir": str(run.run_dir.resolve()),
+        "run_dir": Path(rel).as_posix(),
         "label": run.label,
         "store": run.store,
         "positions": sum(s.rows for s in run.shards),
-        "shards": [{"index": s.index, "key": s.key(fine_bins)} for s in run.shards],
+        "inputs": _run_inputs(run),
     }
 
 
@@ -381,11 +412,15 @@ def aggregate(
     *,
     progress: bool = True,
     keep_parts: bool = True,
+    allow_mixed_models: bool = False,
 ) -> tuple[Path, dict]:
     """Aggregate runs into tables at `out` (default RUN_DIR/tables for one run).
 
     Returns (tables directory, meta). With ``keep_parts=False`` the per-shard
     partial tables go to a temporary directory that is removed afterwards.
+    Runs that overlap (a shard file of the same content, or the same model and
+    corpus with overlapping slices) are refused, and so are runs of different
+    models unless ``allow_mixed_models``.
     """
     from pipeline.core.binning import check_n_bins
 
@@ -398,10 +433,17 @@ def aggregate(
             raise AggregateError("several runs aggregate into one output: give --out DIR")
         out = default_tables_dir(runs[0].run_dir)
     out = Path(out)
+    check_mergeable(runs, allow_mixed_models=allow_mixed_models)
     if keep_parts and tables_status([r.run_dir for r in runs], out, fine_bins) is None:
-        return out, read_tables_meta(out)  # every shard unchanged: nothing to do
+        try:
+            return out, tablestore.verify_tables(out)  # every shard unchanged: nothing to do
+        except ValueError:
+            pass  # altered tables: rebuilt below from the verified shards
+    _check_out_dir(out, runs)
+    if not _writable(out):
+        raise AggregateError(f"{out}: not writable (a read-only run?); give --out DIR elsewhere")
     out.mkdir(parents=True, exist_ok=True)
-    temp_dir = Path(tempfile.mkdtemp(prefix=".fullece-duckdb-", dir=out))
+    temp_dir = scratch_dir(out)
     parts_base = None if keep_parts else temp_dir / "parts"
     try:
         parts, _ = build_parts(
@@ -457,51 +499,235 @@ def load_run_tables(run_dir_or_tables_dir):
         raise _as_aggregate_error(err) from err
 
 
-def tables_status(run_dirs, tables_dir=None, fine_bins: int = DEFAULT_FINE_BINS) -> str | None:
-    """None when the tables at `tables_dir` are current for `run_dirs`, else why not."""
+def tables_status(
+    run_dirs, tables_dir=None, fine_bins: int | None = DEFAULT_FINE_BINS, *, verify: bool = True
+) -> str | None:
+    """None when the tables at `tables_dir` are current for `run_dirs`, else why not.
+
+    Current means: built from exactly these runs' shard files (their manifest
+    sha256s, whatever the directory is called now), N equal to the runs'
+    positions, and (with ``verify``) table files unchanged since they were
+    written. Invariants are checked on load (``tablestore.load_tables``).
+    ``fine_bins=None`` accepts the tables' own F.
+    """
     runs = open_runs(run_dirs)
     if tables_dir is None:
         tables_dir = default_tables_dir(runs[0].run_dir)
-    meta_path = Path(tables_dir) / META_NAME
+    tables_dir = Path(tables_dir)
+    meta_path = tables_dir / META_NAME
     if not meta_path.exists():
         return "no tables yet"
     try:
         meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return f"{meta_path} is unreadable"
+    if not isinstance(meta, dict):
+        return f"{meta_path} is not a tables meta.json"
     if meta.get("schema_version") != SCHEMA_VERSION:
         return f"tables of schema version {meta.get('schema_version')}"
-    if meta.get("fine_bins") != fine_bins:
+    if fine_bins is not None and meta.get("fine_bins") != fine_bins:
         return f"tables at F={meta.get('fine_bins')}"
-    want = sorted(
-        (json.dumps(_run_record(r, fine_bins)["shards"]), str(r.run_dir.resolve())) for r in runs
-    )
-    have = sorted((json.dumps(r.get("shards")), r.get("run_dir")) for r in meta.get("runs", []))
+    records = meta.get("runs") or []
+    if not all(isinstance(r, dict) and "inputs" in r for r in records) or not records:
+        return "tables without the checksums of their inputs (built by an older fullece)"
+    want = sorted(json.dumps(_run_inputs(r), sort_keys=True) for r in runs)
+    have = sorted(json.dumps(r.get("inputs"), sort_keys=True) for r in records)
     if want != have:
         return "shards changed since the tables were built"
-    if not all((Path(tables_dir) / f"{n}.parquet").exists() for n in TABLE_NAMES):
+    positions = sum(s.rows for r in runs for s in r.shards)
+    if meta.get("positions") != positions:
+        return f"tables count {meta.get('positions')} positions, the runs {positions}"
+    if not all((tables_dir / f"{n}.parquet").exists() for n in TABLE_NAMES):
         return "a table file is missing"
+    if verify:
+        problems = tablestore.checksum_problems(tables_dir, meta)
+        if problems:
+            return problems[0]
     return None
+
+
+def check_mergeable(runs: list[Run], *, allow_mixed_models: bool = False) -> None:
+    """Refuse runs whose positions would count twice, or of different models.
+
+    Overlap: a positions or logits file of identical content (same sha256) in two runs, or
+    two runs of the same model and corpus (sha256s) whose corpus slices
+    share documents. Different models (model file sha256s) are refused
+    unless `allow_mixed_models`.
+    """
+    if len(runs) < 2:
+        return
+    owner: dict[str, tuple[Run, str]] = {}
+    for run in runs:
+        # positions (and logits) identify positions; class_tail files of two
+        # runs can legitimately be equal (all-zero tails, say)
+        kept = {
+            shard.entry.get(key)
+            for shard in run.shards
+            for key in ("positions", "logits")
+            if shard.entry.get(key)
+        }
+        for rel, digest in _run_inputs(run).items():
+            if rel not in kept:
+                continue
+            if digest in owner and owner[digest][0] is not run:
+                other, other_rel = owner[digest]
+                raise AggregateError(
+                    f"{run.run_dir}/{rel} has the same content (sha256 {digest[:12]}…) as "
+                    f"{other.run_dir}/{other_rel}: the runs overlap and their positions would "
+                    "count twice; aggregate each run once"
+                )
+            owner.setdefault(digest, (run, rel))
+    models = {}
+    for run in runs:
+        model = run.manifest.get("model") or {}
+        if model.get("files"):  # runs without model checksums cannot be compared
+            models.setdefault(json.dumps(model["files"], sort_keys=True), run)
+    if len(models) > 1 and not allow_mixed_models:
+        a, b = list(models.values())[:2]
+        raise AggregateError(
+            f"{a.run_dir} and {b.run_dir} come from different models (model file sha256s "
+            "differ): their tables would mix two models; pass --allow-mixed-models if "
+            "that is what you want"
+        )
+    for i, a in enumerate(runs):
+        for b in runs[i + 1 :]:
+            if _same_source(a, b) and _slices_overlap(a, b):
+                raise AggregateError(
+                    f"{a.run_dir} and {b.run_dir} are the same model on the same corpus with "
+                    f"overlapping slices ({_slice(a)} and {_slice(b)}): documents would count "
+                    "twice; aggregate disjoint slices only"
+                )
+
+
+def _same_source(a: Run, b: Run) -> bool:
+    ma, mb = a.manifest.get("model") or {}, b.manifest.get("model") or {}
+    ca, cb = a.manifest.get("corpus") or {}, b.manifest.get("corpus") or {}
+    same_model = bool(ma.get("files")) and ma.get("files") == mb.get("files")
+    return same_model and bool(ca.get("sha256")) and ca.get("sha256") == cb.get("sha256")
+
+
+def _slice(run: Run) -> tuple[int, int]:
+    value = (run.manifest.get("settings") or {}).get("slice") or [0, 1]
+    return int(value[0]), max(1, int(value[1]))
+
+
+def _slices_overlap(a: Run, b: Run) -> bool:
+    """Slice (i, n) holds documents d with d % n == i: two slices share one
+    exactly when i1 ≡ i2 (mod gcd(n1, n2)) (Chinese remainder theorem)."""
+    import math
+
+    (i1, n1), (i2, n2) = _slice(a), _slice(b)
+    return (i1 - i2) % math.gcd(n1, n2) == 0
+
+
+def _check_out_dir(out: Path, runs: list[Run]) -> None:
+    """Tables go to a directory of their own: never a run directory itself, nor
+    a regular file, nor inside a run's shards/."""
+    if out.exists() and not out.is_dir():
+        raise AggregateError(f"{out}: exists and is not a directory (give --out DIR)")
+    if (out / "manifest.json").exists():
+        raise AggregateError(f"{out}: is a run directory; tables go to RUN_DIR/tables or --out DIR")
+    real = out.resolve()
+    for run in runs:
+        shards = (run.run_dir / "shards").resolve()
+        if real == shards or shards in real.parents:
+            raise AggregateError(f"{out}: inside {run.run_dir}/shards; choose another --out")
+
+
+SCRATCH_DIR = ".fullece-tmp"
+
+
+def scratch_dir(out: Path) -> Path:
+    """A fresh scratch directory for DuckDB's spill files and temporary parts:
+    OUT/.fullece-tmp/<pid>-… when OUT is writable (leftovers of killed
+    processes are removed here, at the next start), else the system temp dir."""
+    base = Path(out) / SCRATCH_DIR
+    if _writable(Path(out)):
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+            _clean_scratch(base)
+            return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base))
+        except OSError:
+            pass
+    return Path(tempfile.mkdtemp(prefix="fullece-aggregate-"))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def _clean_scratch(base: Path) -> None:
+    for entry in base.iterdir():
+        pid = entry.name.split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _tables_cache(run_dirs) -> Path:
+    """Where tables of runs that cannot hold them (read-only) are kept: the
+    system temp dir, keyed by the runs' real paths."""
+    tag = hashlib.sha256("\0".join(str(Path(d).resolve()) for d in run_dirs).encode()).hexdigest()[
+        :16
+    ]
+    return Path(tempfile.gettempdir()) / "fullece-tables" / tag
 
 
 def ensure_tables(run_dirs, out=None, *, quiet: bool = False) -> Path:
     """Tables directory for `run_dirs`, aggregating first (with a one-line notice
-    on stderr) when they are missing or stale. A plain tables directory (no
-    manifest) is used as it is."""
+    on stderr) when they are missing, stale or fail verification (checksums,
+    invariants). A plain tables directory (no manifest) is verified and used as
+    it is. When a run directory is not writable, rebuilt tables go to a cache
+    in the system temp directory, never into the run."""
     if isinstance(run_dirs, (str, os.PathLike)):
         run_dirs = [run_dirs]
     run_dirs = [Path(d) for d in run_dirs]
     if len(run_dirs) == 1 and not (run_dirs[0] / "manifest.json").exists():
         if (run_dirs[0] / META_NAME).exists():
+            try:
+                tablestore.verify_tables(run_dirs[0])
+            except ValueError as err:
+                raise _as_aggregate_error(err) from err
             return run_dirs[0]
         open_run(run_dirs[0])  # raises the error naming the missing manifest
     if out is None and len(run_dirs) > 1:
         raise AggregateError("several runs: give --out DIR for their merged tables")
     tables_dir = Path(out) if out is not None else default_tables_dir(run_dirs[0])
-    reason = tables_status(run_dirs, tables_dir)
-    if reason is not None:
-        if not quiet:
-            names = ", ".join(str(d) for d in run_dirs)
-            print(f"fullece: aggregating {names} ({reason}) ...", file=sys.stderr)
-        aggregate(run_dirs, tables_dir, progress=not quiet)
+    reason = tables_status(run_dirs, tables_dir, fine_bins=None)
+    if reason is None:
+        try:
+            tablestore.verify_tables(tables_dir)
+            return tables_dir
+        except SchemaVersionError:
+            raise
+        except ValueError as err:
+            reason = f"the tables fail verification: {err}"
+    if out is None and not _writable(tables_dir):
+        cache = _tables_cache(run_dirs)
+        if tables_status(run_dirs, cache, fine_bins=None) is None:
+            try:
+                tablestore.verify_tables(cache)
+                return cache
+            except ValueError:
+                pass
+        reason += f"; {run_dirs[0]} is not writable, tables go to {cache}"
+        tables_dir = cache
+    if not quiet:
+        names = ", ".join(str(d) for d in run_dirs)
+        print(f"fullece: aggregating {names} ({reason}) ...", file=sys.stderr)
+    fine = _existing_fine_bins(tables_dir)
+    aggregate(run_dirs, tables_dir, fine_bins=fine, progress=not quiet)
     return tables_dir
+
+
+def _existing_fine_bins(tables_dir: Path) -> int:
+    try:
+        value = json.loads((Path(tables_dir) / META_NAME).read_text()).get("fine_bins")
+    except (OSError, ValueError, AttributeError):
+        return DEFAULT_FINE_BINS
+    return value if isinstance(value, int) and value >= 1 else DEFAULT_FINE_BINS

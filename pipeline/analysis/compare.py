@@ -18,13 +18,18 @@ from pipeline.store.manifest import RunError
 from pipeline.store.run import is_run, run_label
 
 
-def compare_runs(run_dirs, n_bins: int = 10, *, quiet: bool = False) -> dict:
-    """One row per run (labelled from its manifest) at M = n_bins, and the trend."""
+def compare_runs(run_dirs, n_bins: int = 10, *, quiet: bool = False, partial: bool = False) -> dict:
+    """One row per run (labelled from its manifest) at M = n_bins, and the trend.
+    Incomplete runs are refused unless `partial` (their rows say ``complete: false``)."""
     from pipeline.aggregate import ensure_tables, load_run_tables
     from pipeline.core.metrics import metrics_at
+    from pipeline.store.run import describe_coverage, require_complete
 
+    if not isinstance(n_bins, int) or isinstance(n_bins, bool) or n_bins < 1:
+        raise RunError(f"M={n_bins!r}: the number of bins must be a positive integer")
+    coverage = [require_complete(Path(d), partial) for d in run_dirs]
     rows = []
-    for run_dir in run_dirs:
+    for run_dir, cover in zip(run_dirs, coverage, strict=True):
         run_dir = Path(run_dir)
         tables_dir = ensure_tables(run_dir, quiet=quiet)
         tables = load_run_tables(tables_dir)
@@ -41,6 +46,8 @@ def compare_runs(run_dirs, n_bins: int = 10, *, quiet: bool = False) -> dict:
                 "positions": tables.positions,
                 "vocab_size": tables.vocab_size,
                 "m_exact": tables.m_exact,
+                "complete": bool(cover["complete"]),
+                "coverage": None if cover["complete"] else describe_coverage(cover),
                 **clean_row(m),
             }
         )
@@ -113,6 +120,8 @@ def format_compare(result: dict) -> str:
             f"{_cw_text(r):>10}  {fmt(r['full_ece']):>10}  "
             f"{'yes' if r['exact'] else 'NO'}"
         )
+        if r.get("complete") is False:
+            lines.append(f"{'':<{w}}  PARTIAL RUN: {r['coverage']}")
     if len(rows) >= 2:
         lines.append("")
         lines.append("trend (first -> last run):")

@@ -19,6 +19,10 @@ from pipeline.store.manifest import RunError
 from pipeline.store.run import is_run, run_label
 
 METRICS_JSON_VERSION = 1
+# The largest M accepted: an M that does not divide F is aggregated from the
+# shards with dense per-bin arrays (O(M) memory per class row of seq/top-1
+# tables), so M is capped (docs/design.md).
+MAX_BINS = 1_000_000
 # (key, label) of the paper's three metrics, from the registry
 METRIC_NAMES = tuple((m.key, m.label) for m in PAPER_METRICS)
 
@@ -33,6 +37,11 @@ def parse_bins(text) -> list[int]:
             raise ValueError(f"{text!r}: expected comma-separated integers, e.g. 5,10,20") from err
     if not values or any(v < 1 for v in values):
         raise ValueError(f"{text!r}: bin counts must be positive integers")
+    if any(v > MAX_BINS for v in values):
+        raise ValueError(
+            f"{text!r}: at most {MAX_BINS:,} bins (M is capped: the bin tables of an M that "
+            "does not divide the fine grid take O(M) memory)"
+        )
     return list(dict.fromkeys(int(v) for v in values))
 
 
@@ -44,16 +53,20 @@ def metrics_for_run(
     seed: int = 0,
     quiet: bool = False,
     scan=None,
+    partial: bool = False,
 ) -> dict:
     """Everything `fullece metrics` prints, as the documented JSON object.
 
     `scan`: a :class:`pipeline.analysis.positions.PositionScan` of the run
-    already made (the report reuses its top-1 pairs); scanned here otherwise."""
+    already made (the report reuses its top-1 pairs); scanned here otherwise.
+    An incomplete run is refused unless `partial` (then ``complete: false``)."""
     from pipeline.aggregate import aggregate, ensure_tables, load_run_tables
     from pipeline.core.binning import is_exact
     from pipeline.core.metrics import compute_metrics, direction_at, metrics_at, rsd
+    from pipeline.store.run import describe_coverage, require_complete
 
     run_dir = Path(run_dir)
+    coverage = require_complete(run_dir, partial)
     tables_dir = ensure_tables(run_dir, quiet=quiet)
     tables = load_run_tables(tables_dir)
     if tables.positions <= 0:
@@ -148,8 +161,11 @@ def metrics_for_run(
         boot["intervals"] = [intervals[m] for m in bins]
         result["bootstrap"] = boot
     label = run_label(run_dir) if is_run(run_dir) else run_dir.resolve().name
+    if not coverage["complete"]:
+        notes.insert(0, f"partial run: {describe_coverage(coverage)}")
     return {
         "schema_version": METRICS_JSON_VERSION,
+        "complete": bool(coverage["complete"]),
         "run": {"label": label, "path": str(run_dir), "tables": str(tables_dir)},
         "positions": result["positions"],
         "vocab_size": result["vocab_size"],
@@ -220,6 +236,8 @@ def format_metrics(result: dict) -> str:
     run = result.get("run")
     if run:
         lines.append(f"run: {run['label']}  ({run['path']})")
+    if result.get("complete") is False:
+        lines.append("PARTIAL RUN (complete: false): " + (result.get("notes") or ["?"])[0])
     m_exact = result.get("m_exact")
     lines.append(
         f"N = {result['positions']:,} positions   K = {result['vocab_size']:,} classes   "

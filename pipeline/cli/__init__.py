@@ -3,7 +3,10 @@ imported only when used, so ``fullece metrics`` never pays for (or needs) torch.
 
 from __future__ import annotations
 
+import errno
 import importlib
+import os
+import sys
 
 import click
 
@@ -62,8 +65,78 @@ class LazyGroup(click.Group):
         return getattr(importlib.import_module(module_name), attr)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+DEBUG_ENV = "FULLECE_DEBUG"
+
+
+def _debug_wanted() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0", "false", "no")
+
+
+def error_line(err: BaseException) -> str:
+    """One line for an unexpected exception: what happened, in words."""
+    if (isinstance(err, OSError) and err.errno == errno.ENOSPC) or (
+        "No space left on device" in str(err)  # DuckDB's IOException, say
+    ):
+        name = getattr(err, "filename", None)
+        where = f" writing {name}" if name else ""
+        return (
+            f"no space left on the device{where}; free some space (or write elsewhere) "
+            "and run the command again: completed work is kept"
+        )
+    if isinstance(err, PermissionError):
+        return f"permission denied: {err.filename or err}"
+    if isinstance(err, MemoryError):
+        return "out of memory (try smaller settings, e.g. --memory-limit or fewer bins)"
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+class TopLevelGroup(LazyGroup):
+    """Any exception a command does not turn into a message becomes one line on
+    stderr (exit 1) with a hint to rerun with --debug for the traceback."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.Exit as err:
+            sys.exit(err.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        except click.ClickException as err:
+            err.show()
+            sys.exit(err.exit_code)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as err:  # noqa: BLE001 - the last line of defence
+            if _debug_wanted():
+                raise
+            click.echo(f"fullece: error: {error_line(err)}", err=True)
+            click.echo(
+                "fullece: rerun with `fullece --debug ...` (or FULLECE_DEBUG=1) for the traceback",
+                err=True,
+            )
+            sys.exit(1)
+
+
+def _set_debug(ctx, param, value):
+    if value:
+        os.environ[DEBUG_ENV] = "1"
+    return value
+
+
+@click.group(cls=TopLevelGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fullece")
+@click.option(
+    "--debug",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_set_debug,
+    help=f"Show the full traceback of an unexpected error (or set {DEBUG_ENV}=1).",
+)
 def main():
     """Token-level calibration of causal language models (ECE, cw-ECE, Full-ECE).
 

@@ -9,6 +9,7 @@ import click
 
 from pipeline import DEFAULT_FINE_BINS
 from pipeline.aggregate import DEFAULT_MEMORY_LIMIT, aggregate
+from pipeline.analysis.metrics import MAX_BINS
 from pipeline.cli.common import fail
 from pipeline.store.manifest import RunError
 from pipeline.store.schema import SchemaVersionError
@@ -24,7 +25,7 @@ from pipeline.store.schema import SchemaVersionError
 )
 @click.option(
     "--fine-bins",
-    type=int,
+    type=click.IntRange(min=1, max=MAX_BINS),
     default=DEFAULT_FINE_BINS,
     show_default=True,
     help="Fine grid F of the tables.",
@@ -36,15 +37,31 @@ from pipeline.store.schema import SchemaVersionError
     help="DuckDB memory limit (spills to disk beyond it).",
 )
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def aggregate_command(run_dirs, out, fine_bins, memory_limit, quiet):
+@click.option(
+    "--allow-mixed-models",
+    is_flag=True,
+    help="Merge runs of different models (refused by default: their tables would mix models).",
+)
+def aggregate_command(run_dirs, out, fine_bins, memory_limit, quiet, allow_mixed_models):
     """Build bin tables (class_bins, top1_bins, tokens, seq_bins) from the shards.
 
     Incremental: each shard's partial tables are kept under
     RUN_DIR/tables/parts/ and reused while the shard's sha256 is unchanged.
+    Every shard is verified before it is read (manifest sha256, Parquet page
+    and Zarr chunk checksums). Several runs merge only when they do not
+    overlap (same shard content, or same model and corpus with overlapping
+    slices) and come from one model (unless --allow-mixed-models).
     """
     t0 = time.perf_counter()
     try:
-        out_dir, meta = aggregate(list(run_dirs), out, fine_bins, memory_limit, progress=not quiet)
+        out_dir, meta = aggregate(
+            list(run_dirs),
+            out,
+            fine_bins,
+            memory_limit,
+            progress=not quiet,
+            allow_mixed_models=allow_mixed_models,
+        )
     except (RunError, SchemaVersionError, ValueError) as err:
         fail(err)
     dt = time.perf_counter() - t0

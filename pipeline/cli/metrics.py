@@ -8,7 +8,7 @@ import click
 
 from pipeline import PAPER_BINS
 from pipeline.analysis.compare import compare_runs, format_compare
-from pipeline.analysis.metrics import format_metrics, metrics_for_run, parse_bins
+from pipeline.analysis.metrics import MAX_BINS, format_metrics, metrics_for_run, parse_bins
 from pipeline.cli.common import dumps_json, fail
 from pipeline.store.manifest import RunError
 from pipeline.store.schema import SchemaVersionError
@@ -38,7 +38,12 @@ from pipeline.store.schema import SchemaVersionError
     help="Print one JSON object (schemas/metrics.v1.schema.json).",
 )
 @click.option("--quiet", is_flag=True, help="No progress bar or notices.")
-def metrics(run_dir, bins, replicates, seed, as_json, quiet):
+@click.option(
+    "--partial",
+    is_flag=True,
+    help="Measure an incomplete run (complete: false) anyway; the output says how much it holds.",
+)
+def metrics(run_dir, bins, replicates, seed, as_json, quiet, partial):
     """ECE, cw-ECE and Full-ECE of a run at each M, their RSD, token frequencies."""
     try:
         bins = parse_bins(bins)
@@ -46,7 +51,7 @@ def metrics(run_dir, bins, replicates, seed, as_json, quiet):
         raise click.BadParameter(str(err), param_hint="--bins") from err
     try:
         result = metrics_for_run(
-            run_dir, bins, bootstrap_replicates=replicates, seed=seed, quiet=quiet
+            run_dir, bins, bootstrap_replicates=replicates, seed=seed, quiet=quiet, partial=partial
         )
     except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:
         fail(err)
@@ -59,14 +64,25 @@ def metrics(run_dir, bins, replicates, seed, as_json, quiet):
 @click.command("compare")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
-    "-M", "--bins", "n_bins", type=int, default=10, show_default=True, help="Number of bins M."
+    "-M",
+    "--bins",
+    "n_bins",
+    type=click.IntRange(min=1, max=MAX_BINS),
+    default=10,
+    show_default=True,
+    help="Number of bins M.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 @click.option("--quiet", is_flag=True, help="No progress bar or notices.")
-def compare(run_dirs, n_bins, as_json, quiet):
+@click.option(
+    "--partial",
+    is_flag=True,
+    help="Include incomplete runs (complete: false); their rows say how much they hold.",
+)
+def compare(run_dirs, n_bins, as_json, quiet, partial):
     """Compare runs (training checkpoints, say): one row each and the trend."""
     try:
-        result = compare_runs(list(run_dirs), n_bins, quiet=quiet)
+        result = compare_runs(list(run_dirs), n_bins, quiet=quiet, partial=partial)
     except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:
         fail(err)
     if as_json:

@@ -22,10 +22,43 @@ from pipeline.store.schema import SchemaVersionError
     help="Output directory for the PNG figures and report.html.",
 )
 @click.option("--quiet", is_flag=True, help="No progress bar or notices.")
-def report(run_dirs, out_dir, quiet):
+@click.option(
+    "--partial",
+    is_flag=True,
+    help="Report incomplete runs (complete: false) anyway; a notice says how much they hold.",
+)
+def report(run_dirs, out_dir, quiet, partial):
     """PNG figures and a self-contained HTML page for one or several runs."""
+    from pipeline.store.run import describe_coverage, require_complete
+
     try:
+        _check_out_dir(out_dir, run_dirs)
+        for run_dir in run_dirs:
+            info = require_complete(run_dir, partial)
+            if not info["complete"]:
+                click.echo(
+                    f"fullece: {run_dir}: PARTIAL RUN (complete: false): {describe_coverage(info)}",
+                    err=True,
+                )
         path = write_report(list(run_dirs), out_dir, quiet=quiet)
     except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:
         fail(err)
     click.echo(str(path))
+
+
+def _check_out_dir(out_dir: Path, run_dirs) -> None:
+    """--out must be (or become) a directory, outside every run's shards."""
+    probe = Path(out_dir)
+    while True:
+        if probe.exists() and not probe.is_dir():
+            raise RunError(
+                f"--out {out_dir}: {probe} is a regular file, not a directory; choose another --out"
+            )
+        if probe.exists() or probe.parent == probe:
+            break
+        probe = probe.parent
+    real = Path(out_dir).resolve()
+    for run_dir in run_dirs:
+        shards = (Path(run_dir) / "shards").resolve()
+        if real == shards or shards in real.parents:
+            raise RunError(f"--out {out_dir}: inside {run_dir}/shards; choose another --out")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.analysis.sql import connect, export, format_table
+from pipeline.analysis.sql import SqlError, check_export_path, connect, export, format_table
 from pipeline.store.manifest import RunError
 from pipeline.store.schema import SchemaVersionError
 
@@ -59,9 +59,14 @@ def repl(con) -> None:  # pragma: no cover - interactive
     type=click.Path(path_type=Path),
     help="Write the result as Parquet.",
 )
-def sql(args, csv_path, json_path, parquet_path):
+@click.option("--force", is_flag=True, help="Overwrite an existing --csv/--json/--parquet file.")
+def sql(args, csv_path, json_path, parquet_path, force):
     """DuckDB over RUN_DIR... (views: class_bins, top1_bins, tokens, seq_bins,
     positions, manifest, meta). Without QUERY, an interactive prompt.
+
+    Read-only sandbox: a query sees only these views (no other file, no
+    ATTACH, COPY, INSTALL or LOAD). Exports never write inside a run directory
+    and never overwrite a file without --force.
 
     \b
     fullece sql runs/ckpt1 "SELECT * FROM top1_bins ORDER BY bin LIMIT 5"
@@ -72,6 +77,11 @@ def sql(args, csv_path, json_path, parquet_path):
     outputs = [
         (p, f) for p, f in ((csv_path, "csv"), (json_path, "json"), (parquet_path, "parquet")) if p
     ]
+    try:
+        for path, _ in outputs:
+            check_export_path(path, run_dirs, force=force)
+    except SqlError as err:
+        raise click.ClickException(str(err)) from err
     try:
         con = connect(run_dirs, quiet=False)
     except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:

@@ -42,7 +42,13 @@ from pipeline.demo.train import DEFAULT_STEPS, DEFAULTS, TrainingError, train_mo
 @click.option(
     "--batch-size", default=DEFAULTS["batch_size"], show_default=True, type=click.IntRange(1)
 )
-@click.option("--lr", default=DEFAULTS["lr"], show_default=True, type=float)
+@click.option(
+    "--lr",
+    default=DEFAULTS["lr"],
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True, max=10),
+    help="Peak learning rate (positive).",
+)
 @click.option(
     "--warmup",
     default=None,
@@ -116,5 +122,10 @@ def train(
         )
     except TrainingError as err:
         fail(err)
+    except UnicodeDecodeError as err:
+        raise click.ClickException(
+            f"{corpus_path}: not UTF-8 text (byte {err.start}: {err.reason}); "
+            "convert it first, e.g. `iconv -f latin1 -t utf-8`"
+        ) from err
     for p in paths:
         click.echo(str(p))

@@ -21,7 +21,6 @@ from pipeline.store.schema import (
     SCHEMA_VERSION,
     SchemaVersionError,
     check_table_schema,
-    check_version,
 )
 
 # Rows of logits read from Zarr at once (bounded in bytes, see _logit_block_rows).
@@ -57,7 +56,7 @@ class Shard:
 
     def path(self, key: str) -> Path | None:
         rel = self.entry.get(key)
-        return None if not rel else self.run_dir / rel
+        return None if not rel else inside_run(self.run_dir, rel)
 
     def key(self, fine_bins: int) -> str:
         """Identity of this shard's partial tables: its files' sha256 (from the
@@ -106,6 +105,97 @@ class Run:
         return str(self.manifest["store"])
 
 
+def inside_run(run_dir: Path, rel) -> Path:
+    """RUN_DIR/rel, refusing a path that leaves the run directory (absolute, ``..``
+    or a symbolic link pointing out): a run is only ever its own files."""
+    where = Path(run_dir) / "manifest.json"
+    if not isinstance(rel, str) or not rel:
+        raise AggregateError(f"{where}: shard path {rel!r} is not a relative path")
+    pure = Path(rel)
+    if pure.is_absolute() or ".." in pure.parts or rel.startswith(("/", "\\")):
+        raise AggregateError(
+            f"{where}: shard path {rel!r} points outside the run directory "
+            "(only relative paths inside the run are accepted)"
+        )
+    full = Path(run_dir) / pure
+    try:
+        real = full.resolve()
+        root = Path(run_dir).resolve()
+    except OSError as err:
+        raise AggregateError(f"{full}: cannot resolve ({err})") from err
+    if real != root and root not in real.parents:
+        raise AggregateError(
+            f"{where}: shard path {rel!r} resolves to {real}, outside the run directory"
+        )
+    return full
+
+
+def manifest_shard_problems(run_dir, manifest: dict) -> list[str]:
+    """Problems of the shard list itself (no file is read): paths outside the run,
+    a file listed twice, repeated shard indices, document ranges that overlap or
+    leave gaps, and a list cut short while the run says it is complete."""
+    run_dir = Path(run_dir)
+    where = run_dir / "manifest.json"
+    problems: list[str] = []
+    seen_files: dict[str, int] = {}
+    seen_index: set = set()
+    shards = manifest.get("shards") or []
+    for shard in shards:
+        if not isinstance(shard, dict):
+            problems.append(f"{where}: a shard entry is not an object")
+            continue
+        idx = shard.get("index")
+        if idx in seen_index:
+            problems.append(f"{where}: shard index {idx} is listed twice")
+        seen_index.add(idx)
+        rels = set((shard.get("files") or {}).keys())
+        rels |= {shard.get(k) for k in ("positions", "class_tail", "logits") if shard.get(k)}
+        for rel in sorted(rels, key=str):
+            try:
+                real = inside_run(run_dir, rel).resolve()
+            except AggregateError as err:
+                problems.append(str(err))
+                continue
+            key = str(real)
+            if key in seen_files and seen_files[key] != idx:
+                problems.append(
+                    f"{where}: {rel} is listed by shards {seen_files[key]} and {idx} "
+                    "(its positions would count twice)"
+                )
+            seen_files.setdefault(key, idx)
+    ranged = [s for s in shards if isinstance(s, dict) and "doc_start" in s and "doc_end" in s]
+    if len(ranged) == len(shards) and ranged:
+        ordered = sorted(ranged, key=lambda s: (s["doc_start"], s["doc_end"]))
+        for prev, nxt in zip(ordered[:-1], ordered[1:], strict=True):
+            if nxt["doc_start"] < prev["doc_end"]:
+                problems.append(
+                    f"{where}: shards {prev.get('index')} and {nxt.get('index')} overlap "
+                    f"(documents [{prev['doc_start']}, {prev['doc_end']}) and "
+                    f"[{nxt['doc_start']}, {nxt['doc_end']}))"
+                )
+            elif nxt["doc_start"] > prev["doc_end"]:
+                problems.append(
+                    f"{where}: documents [{prev['doc_end']}, {nxt['doc_start']}) are in no shard "
+                    f"(gap between shards {prev.get('index')} and {nxt.get('index')})"
+                )
+    corpus = manifest.get("corpus") or {}
+    want = corpus.get("slice_documents")
+    have_docs = [s.get("documents") for s in shards if isinstance(s, dict)]
+    if (
+        manifest.get("complete")
+        and isinstance(want, int)
+        and shards
+        and all(isinstance(d, int) for d in have_docs)
+    ):
+        covered = sum(have_docs) + int(manifest.get("skipped_documents") or 0)
+        if covered != want:
+            problems.append(
+                f"{where}: marked complete, but its shards cover {covered} of the "
+                f"{want} documents of the slice (shard list cut short or padded)"
+            )
+    return problems
+
+
 def open_run(run_dir) -> Run:
     """Load and check a run directory's manifest (errors name the file)."""
     run_dir = Path(run_dir)
@@ -119,6 +209,9 @@ def open_run(run_dir) -> Run:
     k = manifest["vocab_size"]
     if not isinstance(k, int) or k < 1:
         raise AggregateError(f"{where}: vocab_size must be a positive integer, got {k!r}")
+    problems = manifest_shard_problems(run_dir, manifest)
+    if problems:
+        raise AggregateError(problems[0])
     run = Run(run_dir, manifest)
     for entry in manifest["shards"]:
         run.shards.append(Shard(run_dir, entry, store, k))
@@ -148,6 +241,8 @@ def open_runs(run_dirs) -> list[Run]:
 
 
 # ------------------------------------------------------------ shard checks
+# One set of checks, used by `validate` (shard_problems) and by every reader
+# of shards (aggregate, sql): a shard is read only after verify_shard_files.
 
 
 def require_file(path: Path | None, shard: Shard, what: str) -> Path:
@@ -162,10 +257,56 @@ def require_file(path: Path | None, shard: Shard, what: str) -> Path:
     return path
 
 
+def verify_shard_files(shard: Shard, *, thorough: bool = False) -> None:
+    """Every file of `shard` is inside the run, covered by a manifest checksum and
+    unchanged: a Zarr store whose chunks carry crc32c checksums is verified by
+    zarr as it is read (unless `thorough`, as in `validate`); any other file is
+    hashed (sha256, cached by size and mtime within the process) and compared
+    with the manifest."""
+    files = shard.entry.get("files") or {}
+    where = shard.run_dir / "manifest.json"
+    for key in ("positions", "class_tail", "logits"):
+        rel = shard.entry.get(key)
+        if rel and rel not in files:
+            raise AggregateError(f"{where}: shard {shard.index}: {rel} has no checksum")
+    for rel in files:
+        verify_file(shard.run_dir, shard.entry, rel, thorough=thorough)
+
+
+def verify_file(run_dir, entry: dict, rel: str, *, thorough: bool = False) -> Path:
+    """One file of a shard entry checked against the manifest's sha256 (see
+    verify_shard_files); returns its path."""
+    from pipeline.store.tablestore import cached_sha256
+
+    run_dir = Path(run_dir)
+    where = run_dir / "manifest.json"
+    digest = (entry.get("files") or {}).get(rel)
+    if digest is None:
+        raise AggregateError(f"{where}: shard {entry.get('index')}: {rel} has no checksum")
+    path = inside_run(run_dir, rel)
+    if not path.exists():
+        raise AggregateError(f"{path}: shard file missing (listed in {where})")
+    if not thorough and path.is_dir() and rel == entry.get("logits"):
+        from pipeline.store.shards import open_logits_group, zarr_has_checksums
+
+        try:
+            logits, lse = open_logits_group(path)
+        except ValueError as err:
+            raise AggregateError(str(err)) from err
+        if zarr_has_checksums(logits, lse):
+            return path  # every chunk is verified by zarr as it is read
+    if cached_sha256(path) != digest:
+        raise AggregateError(
+            f"{path}: checksum differs from the manifest (the file changed after it was "
+            "written; shard fails validation): re-extract the shard or restore the file"
+        )
+    return path
+
+
 def check_positions(shard: Shard) -> Path:
     path = require_file(shard.path("positions"), shard, "positions")
     try:
-        pf = pq.ParquetFile(str(path))
+        pf = pq.ParquetFile(str(path), page_checksum_verification=True)
     except Exception as err:  # noqa: BLE001 - pyarrow raises several types
         raise AggregateError(f"{path}: not a readable Parquet file ({err})") from err
     try:
@@ -177,7 +318,7 @@ def check_positions(shard: Shard) -> Path:
     rows = pf.metadata.num_rows
     if rows != shard.rows:
         raise AggregateError(
-            f"{path}: {rows} rows but the manifest says {shard.rows} (shard fails validation)"
+            f"{path}: {rows} rows, the manifest says {shard.rows} (shard fails validation)"
         )
     return path
 
@@ -190,39 +331,51 @@ def check_class_tail(shard: Shard) -> Path | None:
         return None
     require_file(path, shard, "class_tail")
     try:
-        schema = pq.read_schema(str(path))
-        check_table_schema(schema, "class_tail", str(path))
+        meta = pq.read_metadata(str(path))
+        check_table_schema(meta.schema.to_arrow_schema(), "class_tail", str(path))
     except SchemaVersionError:
         raise
     except (ValueError, OSError, pa.ArrowException) as err:
         raise AggregateError(f"shard fails validation: {path}: {err}") from err
+    if meta.num_rows != shard.vocab_size:
+        raise AggregateError(
+            f"{path}: {meta.num_rows} rows, expected K = {shard.vocab_size} (shard fails validation)"
+        )
     return path
 
 
 def open_zarr(shard: Shard):
-    import zarr
+    from pipeline.store.shards import open_logits_group
 
     path = require_file(shard.path("logits"), shard, "logits")
     try:
-        group = zarr.open_group(str(path), mode="r")
-        version = group.attrs.get("fullece.schema_version")
-        if version is not None:
-            check_version(version, str(path))
-        logits, lse = group["logits"], group["logsumexp"]
+        logits, lse = open_logits_group(path, shard.rows, shard.vocab_size)
     except SchemaVersionError:
         raise
-    except Exception as err:  # noqa: BLE001 - zarr raises many types
-        raise AggregateError(f"{path}: not a readable Zarr v3 logits store ({err})") from err
-    if logits.ndim != 2 or logits.shape != (shard.rows, shard.vocab_size):
-        raise AggregateError(
-            f"{path}/logits: shape {logits.shape}, expected [rows, K] = "
-            f"[{shard.rows}, {shard.vocab_size}] (shard fails validation)"
-        )
-    if lse.shape != (shard.rows,):
-        raise AggregateError(f"{path}/logsumexp: shape {lse.shape}, expected [{shard.rows}]")
-    if np.dtype(logits.dtype) not in (np.float16, np.float32):
-        raise AggregateError(f"{path}/logits: dtype {logits.dtype}, expected float16 or float32")
+    except ValueError as err:
+        raise AggregateError(f"{err} (shard fails validation)") from err
     return path, logits, lse
+
+
+def check_shard(shard: Shard, *, thorough: bool = False) -> None:
+    """Every check of one shard: schemas, rows and shapes (the footers name what
+    is wrong most precisely), then every file verified against its checksum."""
+    check_positions(shard)
+    check_class_tail(shard)
+    if shard.store == "full":
+        open_zarr(shard)
+    verify_shard_files(shard, thorough=thorough)
+
+
+def shard_problems(shard: Shard, *, thorough: bool = True) -> list[str]:
+    """`check_shard` as a list of messages ([] when the shard is intact)."""
+    try:
+        check_shard(shard, thorough=thorough)
+    except SchemaVersionError as err:
+        return [str(err)]
+    except (AggregateError, RunError) as err:
+        return [str(err)]
+    return []
 
 
 def _logit_block_rows(logits) -> int:
@@ -234,12 +387,19 @@ def _logit_block_rows(logits) -> int:
 
 def iter_logit_blocks(shard: Shard, block_rows: int | None = None):
     """Yield (start, logits [r, K] as stored, logsumexp float32 [r]) in row blocks."""
-    _, logits, lse = open_zarr(shard)
+    path, logits, lse = open_zarr(shard)
     n = logits.shape[0]
     step = block_rows or _logit_block_rows(logits)
     for start in range(0, n, step):
         stop = min(n, start + step)
-        yield start, logits[start:stop], np.asarray(lse[start:stop], dtype=np.float32)
+        try:
+            block, lse_block = logits[start:stop], np.asarray(lse[start:stop], dtype=np.float32)
+        except Exception as err:  # noqa: BLE001 - zarr/numcodecs raise many kinds
+            raise AggregateError(
+                f"{path}: rows {start}..{stop - 1} cannot be read ({err}); the store is damaged "
+                "(shard fails validation)"
+            ) from err
+        yield start, block, lse_block
 
 
 def run_label(run_dir) -> str:
@@ -254,3 +414,55 @@ def run_label(run_dir) -> str:
 def is_run(path) -> bool:
     """True when `path` is a run directory (holds manifest.json)."""
     return (Path(path) / "manifest.json").exists()
+
+
+# ------------------------------------------------------------ completeness
+
+
+def completeness(run_dir) -> dict:
+    """How much of its slice a run holds: ``{"complete", "positions",
+    "positions_total" (int or None: known only once extraction is complete, or
+    when the manifest records a plan), "documents", "documents_total"}``.
+    A tables directory without a run counts as complete (nothing to compare)."""
+    run_dir = Path(run_dir)
+    if not is_run(run_dir):
+        return {"complete": True, "positions": None, "positions_total": None}
+    manifest = load_manifest(run_dir)
+    shards = manifest.get("shards") or []
+    positions = int(sum(int(s.get("rows", 0)) for s in shards))
+    complete = manifest.get("complete") is True
+    docs = [s.get("documents") for s in shards]
+    planned = manifest.get("planned_positions")
+    return {
+        "complete": complete,
+        "positions": positions,
+        "positions_total": positions
+        if complete
+        else (planned if isinstance(planned, int) else None),
+        "documents": sum(docs) + int(manifest.get("skipped_documents") or 0)
+        if all(isinstance(d, int) for d in docs)
+        else None,
+        "documents_total": (manifest.get("corpus") or {}).get("slice_documents"),
+    }
+
+
+def describe_coverage(info: dict) -> str:
+    """'N of M positions' (or of the documents, when M is not known yet)."""
+    n = info.get("positions") or 0
+    total = info.get("positions_total")
+    text = f"{n:,} of {total:,} positions" if total is not None else f"{n:,} positions"
+    if info.get("documents") is not None and info.get("documents_total") is not None:
+        text += f" ({info['documents']:,} of {info['documents_total']:,} documents of the slice)"
+    return text
+
+
+def require_complete(run_dir, partial: bool = False) -> dict:
+    """The run's completeness; an incomplete run is refused unless `partial`."""
+    info = completeness(run_dir)
+    if not info["complete"] and not partial:
+        raise RunError(
+            f"{run_dir}: incomplete run (complete: false in manifest.json): it holds "
+            f"{describe_coverage(info)}. Resume the extraction with the same command, or "
+            "pass --partial to measure what is there"
+        )
+    return info

@@ -90,6 +90,7 @@ def positions_writer(path, schema: pa.Schema = POSITIONS) -> pq.ParquetWriter:
         },
         write_statistics=["doc_id", "offset", "label"],
         store_schema=True,
+        write_page_checksum=True,
     )
 
 
@@ -151,6 +152,7 @@ def write_class_tail(
             "tail_mass": "BYTE_STREAM_SPLIT",
             **({TAIL_CAP_COLUMN: "BYTE_STREAM_SPLIT"} if tail_cap is not None else {}),
         },
+        write_page_checksum=True,
     )
 
 
@@ -165,7 +167,7 @@ def create_logits_store(path, rows: int, vocab_size: int, dtype, chunk_rows: int
     is computed), so no resize ever happens; the caller writes whole chunks.
     """
     import zarr
-    from zarr.codecs import BloscCodec
+    from zarr.codecs import BloscCodec, Crc32cCodec
 
     dtype = np.dtype(dtype)
     if dtype not in (np.float16, np.float32):
@@ -183,7 +185,11 @@ def create_logits_store(path, rows: int, vocab_size: int, dtype, chunk_rows: int
     )
 
     def codec(typesize):
-        return BloscCodec(typesize=typesize, cname="zstd", clevel=ZARR_CLEVEL, shuffle="shuffle")
+        # crc32c last: every chunk carries a checksum that zarr verifies on read
+        return [
+            BloscCodec(typesize=typesize, cname="zstd", clevel=ZARR_CLEVEL, shuffle="shuffle"),
+            Crc32cCodec(),
+        ]
 
     logits = group.create_array(
         "logits",
@@ -211,22 +217,75 @@ def _shard_path(run_dir, shard: dict, key: str) -> Path:
     rel = shard.get(key)
     if not rel:
         raise ValueError(f"shard {shard.get('index')} has no {key} file in this run")
-    return Path(run_dir) / rel
+    from pipeline.store.run import inside_run
+
+    return inside_run(Path(run_dir), rel)
+
+
+def _verify(run_dir, shard: dict, key: str) -> None:
+    """The file against the manifest's sha256 (Zarr with crc32c: verified on read)."""
+    from pipeline.store.run import verify_file
+
+    verify_file(run_dir, shard, shard[key])
 
 
 def open_positions(run_dir, shard: dict) -> pq.ParquetFile:
     """The positions Parquet file of a shard, its schema and version checked."""
     path = _shard_path(run_dir, shard, "positions")
-    pf = pq.ParquetFile(str(path))
+    pf = pq.ParquetFile(str(path), page_checksum_verification=True)
     check_table_schema(pf.schema_arrow, "positions", str(path))
+    _verify(run_dir, shard, "positions")
     return pf
 
 
 def open_logits(run_dir, shard: dict):
-    """(logits, logsumexp) Zarr arrays of a full-store shard (read-only)."""
+    """(logits, logsumexp) Zarr arrays of a full-store shard (read-only), verified."""
+    arrays = open_logits_group(_shard_path(run_dir, shard, "logits"))
+    _verify(run_dir, shard, "logits")
+    return arrays
+
+
+def open_logits_group(path, rows: int | None = None, vocab_size: int | None = None):
+    """The one Zarr reader: (logits, logsumexp) of the group at `path`, its version,
+    shapes (when `rows` / `vocab_size` are given) and dtypes checked. Raises
+    ValueError (SchemaVersionError for an unknown version) naming the path."""
     import zarr
 
-    path = _shard_path(run_dir, shard, "logits")
-    group = zarr.open_group(str(path), mode="r")
-    check_version(group.attrs.get("fullece.schema_version"), str(path))
-    return group["logits"], group["logsumexp"]
+    from pipeline.store.schema import SchemaVersionError
+
+    try:
+        group = zarr.open_group(str(path), mode="r")
+        version = group.attrs.get("fullece.schema_version")
+        logits, lse = group["logits"], group["logsumexp"]
+    except Exception as err:  # noqa: BLE001 - zarr raises many types
+        raise ValueError(f"{path}: not a readable Zarr v3 logits store ({err})") from err
+    if version is not None:
+        try:
+            check_version(version, str(path))
+        except SchemaVersionError:
+            raise
+    expected = (
+        rows if rows is not None else logits.shape[0],
+        vocab_size if vocab_size is not None else logits.shape[-1],
+    )
+    if logits.ndim != 2 or tuple(logits.shape) != expected:
+        raise ValueError(
+            f"{path}/logits: shape {tuple(logits.shape)}, expected [rows, K] = "
+            f"[{expected[0]}, {expected[1]}]"
+        )
+    if tuple(lse.shape) != (expected[0],) or np.dtype(lse.dtype) != np.float32:
+        raise ValueError(
+            f"{path}/logsumexp: {lse.dtype}{tuple(lse.shape)}, expected float32 ({expected[0]},)"
+        )
+    if np.dtype(logits.dtype) not in (np.float16, np.float32):
+        raise ValueError(f"{path}/logits: dtype {logits.dtype}, expected float16 or float32")
+    return logits, lse
+
+
+def zarr_has_checksums(logits, lse) -> bool:
+    """True when every chunk of both arrays carries a crc32c checksum (verified on read)."""
+    from zarr.codecs import Crc32cCodec
+
+    return all(
+        any(isinstance(c, Crc32cCodec) for c in (arr.compressors or ())) for arr in (logits, lse)
+    )

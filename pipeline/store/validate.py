@@ -19,7 +19,6 @@ from pipeline.store.manifest import (
     load_manifest,
     manifest_path,
     manifest_schema_path,
-    path_sha256,
 )
 from pipeline.store.schema import SchemaVersionError
 
@@ -95,8 +94,17 @@ def manifest_errors(manifest: dict) -> list[str]:
     return schema_errors(manifest, schema)
 
 
-def find_problems(run_dir, *, first_only: bool = True) -> list[str]:
-    """Problems of a run directory, as messages naming the file; [] when valid."""
+def find_problems(run_dir, *, first_only: bool = True, tables: bool = True) -> list[str]:
+    """Problems of a run directory, as messages naming the file; [] when valid.
+
+    The manifest (schema, shard paths inside the run, no file listed twice, no
+    gap or overlap of document ranges, complete runs covering their slice),
+    every shard (the checks `aggregate` runs before reading one: checksums,
+    schemas, rows, shapes) and, when present, the bin tables in RUN_DIR/tables
+    (checksums, inputs equal to the shards, invariants).
+    """
+    from pipeline.store.run import Shard, manifest_shard_problems, shard_problems
+
     run_dir = Path(run_dir)
     problems: list[str] = []
 
@@ -111,67 +119,48 @@ def find_problems(run_dir, *, first_only: bool = True) -> list[str]:
     for err in manifest_errors(manifest):
         if found(f"{manifest_path(run_dir)}: {err}"):
             return problems
+    if problems:
+        return problems
+    for msg in manifest_shard_problems(run_dir, manifest):
+        if found(msg):
+            return problems
+    if problems:
+        return problems
     vocab = manifest["vocab_size"]
-    for shard in manifest["shards"]:
-        for rel, digest in shard["files"].items():
-            path = run_dir / rel
-            if not path.exists():
-                if found(f"{rel}: missing (listed in the manifest, shard {shard['index']})"):
-                    return problems
-                continue
-            if path_sha256(path) != digest:
-                if found(f"{rel}: checksum mismatch (the file changed after it was written)"):
-                    return problems
-        for msg in _shard_content_problems(run_dir, shard, vocab, manifest["store"]):
+    for entry in manifest["shards"]:
+        for msg in shard_problems(Shard(run_dir, entry, manifest["store"], vocab)):
             if found(msg):
                 return problems
     total = sum(s["rows"] for s in manifest["shards"])
     if manifest.get("positions") != total:
-        found(
+        if found(
             f"{manifest_path(run_dir)}: positions = {manifest.get('positions')}, "
             f"but the shards hold {total} rows"
-        )
+        ):
+            return problems
+    if tables and not problems:
+        for msg in table_problems(run_dir):
+            if found(msg):
+                return problems
     return problems
 
 
-def _shard_content_problems(run_dir: Path, shard: dict, vocab: int, store: str):
-    import pyarrow.parquet as pq
+def table_problems(run_dir) -> list[str]:
+    """Problems of RUN_DIR/tables (none when there are no tables yet)."""
+    from pipeline.aggregate.executor import TABLES_DIR, tables_status
+    from pipeline.store import tablestore
 
-    from pipeline.store.schema import check_table_schema
-
-    for key, table in (("positions", "positions"), ("class_tail", "class_tail")):
-        rel = shard.get(key)
-        if not rel:
-            if key == "positions" or store == "topk":
-                yield f"shard {shard['index']}: no {key} file in the manifest"
-            continue
-        if rel not in shard["files"]:
-            yield f"{rel}: not covered by a checksum in the manifest"
-            continue
-        try:
-            meta = pq.read_metadata(str(run_dir / rel))
-            check_table_schema(meta.schema.to_arrow_schema(), table, rel)
-        except (OSError, ValueError) as err:
-            yield f"{rel}: {err}"
-            continue
-        expected = shard["rows"] if table == "positions" else vocab
-        if meta.num_rows != expected:
-            yield f"{rel}: {meta.num_rows} rows, the manifest says {expected}"
-    if store == "full":
-        rel = shard.get("logits")
-        if not rel:
-            yield f"shard {shard['index']}: full store without a logits file"
-            return
-        try:
-            from pipeline.store.shards import open_logits
-
-            logits, lse = open_logits(run_dir, shard)
-        except Exception as err:  # noqa: BLE001 - zarr raises many kinds
-            yield f"{rel}: not a readable Zarr group ({err})"
-            return
-        if tuple(logits.shape) != (shard["rows"], vocab):
-            yield f"{rel}: logits shape {tuple(logits.shape)}, expected ({shard['rows']}, {vocab})"
-        elif str(logits.dtype) not in ("float16", "float32"):
-            yield f"{rel}: logits dtype {logits.dtype}, expected float16 or float32"
-        elif tuple(lse.shape) != (shard["rows"],) or str(lse.dtype) != "float32":
-            yield f"{rel}: logsumexp is {lse.dtype}{tuple(lse.shape)}, expected float32 ({shard['rows']},)"
+    tables_dir = Path(run_dir) / TABLES_DIR
+    if not (tables_dir / tablestore.META_NAME).exists():
+        return []
+    try:
+        tablestore.verify_tables(tables_dir)
+    except ValueError as err:
+        return [f"{err} (tables/ can be rebuilt with `fullece aggregate`)"]
+    reason = tables_status([run_dir], tables_dir, verify=False)
+    if reason is not None:
+        return [
+            f"{tables_dir}: not the tables of this run's shards ({reason}); "
+            "rebuild them with `fullece aggregate`"
+        ]
+    return []
