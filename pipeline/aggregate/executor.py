@@ -174,7 +174,10 @@ def _aggregate_topk_shard(con, shard: Shard, part_dir: Path, fine_bins: int) -> 
             pq.write_table(
                 pa.table(tables[name], schema=TABLE_SCHEMAS[name]),
                 str(tmp / f"{name}.parquet"),
-                compression="lz4",  # a partial table: fast to write, read once by the reduce
+                # a partial table is read once by the reduce: fast to write beats small
+                compression="lz4",
+                use_dictionary=False,
+                write_statistics=False,
             )
         meta = _part_meta(shard, fine_bins, positions=shard.rows, tail_max=state.tail_max)
         atomic.write_json(tmp / PART_META, meta)

@@ -29,7 +29,8 @@ import numpy as np
 from pipeline.core.binning import bin1_threshold, fine_bin_index
 
 BATCH_ROWS = 65_536  # positions decoded at a time (64 kept each: 4M entries, ~32 MB)
-_INITIAL_SLOTS = 1 << 18  # grown by doubling at half full
+_INITIAL_SLOTS = 1 << 16  # grown by doubling at half full
+_capacity_hint = {"class": _INITIAL_SLOTS, "seq": _INITIAL_SLOTS}  # last shard's sizes
 
 # codes the kernel returns (row index alongside), as in _topk_kernel
 _OK, _BAD_ID, _BAD_PROB, _GROW = 0, 1, 2, 3
@@ -103,8 +104,9 @@ class TopkShardPass:
         self.top1_conf_sum = np.zeros(f, np.float64)
         self.top1_correct = np.zeros(f, np.int64)
         self.class_tail_n = np.zeros(k, np.int64)
-        self._class = _new_table(_CLASS_WIDTH)  # (class, bin) -> n, hits, p_sum
-        self._seq = _new_table(_SEQ_WIDTH)  # (doc, bin) -> n, hits, top1_n, correct, p_sum, conf
+        # (class, bin) -> n, hits, p_sum; (doc, bin) -> n, hits, top1_n, correct, p_sum, conf
+        self._class = _new_table(_CLASS_WIDTH, _capacity_hint["class"])
+        self._seq = _new_table(_SEQ_WIDTH, _capacity_hint["seq"])
 
     # ------------------------------------------------------------------ input
 
@@ -216,6 +218,9 @@ class TopkShardPass:
 
     def tables(self) -> dict[str, dict[str, np.ndarray]]:
         """The four partial tables as columns (rows unordered: the reduce sorts)."""
+        # the next shard of this process starts at this shard's table sizes (no regrowth)
+        _capacity_hint["class"] = self._class[0].shape[0]
+        _capacity_hint["seq"] = self._seq[0].shape[0]
         stride = self.fine_bins + 1
         bin1_total = self.bin1_n + self.class_tail_n
         present = np.flatnonzero(bin1_total)
