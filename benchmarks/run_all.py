@@ -94,6 +94,28 @@ def run_one(module: str, out: Path, quick: bool) -> dict:
     return entry
 
 
+def headline_ratios(benchmarks: dict) -> dict:
+    """The two ratios of issue 14, taken from the modules' own JSON."""
+    core = (benchmarks.get("core") or {}).get("json") or {}
+    agg = (benchmarks.get("aggregate") or {}).get("json") or {}
+    dense = core.get("dense_pass") or {}
+    topk = agg.get("topk") or {}
+    return {
+        "topk_aggregation_vs_plain_scan": {
+            "ratio": topk.get("ratio_to_plain_scan"),
+            "spread": topk.get("ratio_spread"),
+            "target": 0.3,
+            "what": "plain DuckDB scan time / fullece aggregate time, same top-k files",
+        },
+        "dense_update_compute_vs_np_sum": {
+            "ratio": dense.get("ratio_vs_np_sum_f32"),
+            "spread": dense.get("ratio_spread"),
+            "target": 0.5,
+            "what": "np.sum(axis=0) time / CalibrationAccumulator update+compute time",
+        },
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run_all", description=__doc__)
     ap.add_argument("--out", type=Path, required=True)
@@ -119,6 +141,7 @@ def main(argv=None) -> int:
         "failed": [r["module"] for r in results if r["status"] == "failed"],
         "skipped": [r["module"] for r in results if r["status"] == "skipped"],
     }
+    summary["ratios"] = headline_ratios(summary["benchmarks"])
     path = args.out / "summary.json"
     path.write_text(json.dumps(summary, indent=2) + "\n")
     print("\n##### summary")
@@ -131,6 +154,9 @@ def main(argv=None) -> int:
         )
     if not results:
         print("  no benchmarks/bench_*.py found")
+    for name, r in summary["ratios"].items():
+        value = "not measured" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        print(f"  ratio {name}: {value} (target >= {r['target']}; {r['what']})")
     print(f"wrote {path}")
     return 1 if summary["failed"] else 0
 

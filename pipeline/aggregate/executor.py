@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import DEFAULT_FINE_BINS
-from pipeline.aggregate.sql import reduce_sql, sql_str, topk_part_sql
+from pipeline.aggregate.sql import reduce_sql, sql_str
 from pipeline.store import atomic, tablestore
 from pipeline.store.run import (
     AggregateError,
@@ -109,74 +109,79 @@ def _write_query(con, query: str, path: Path, schema: pa.Schema) -> int:
 
 
 def _aggregate_topk_shard(con, shard: Shard, part_dir: Path, fine_bins: int) -> dict:
+    """Map one top-k shard to its partial tables in ONE pass over its kept entries.
+
+    The positions file is decoded once, batch by batch, and every table and
+    check is fed from that pass (``pipeline.aggregate.topk_pass``); `con` is
+    unused here (kept for the callers' signature). Memory: one batch plus the
+    tables.
+    """
+    from pipeline.aggregate.topk_pass import BATCH_ROWS, KeptEntryError, TopkShardPass
+
     pos_path = check_positions(shard)
     tail_path = check_class_tail(shard)
-    pos = sql_str(pos_path)
-    tail = sql_str(tail_path) if tail_path else None
     k = shard.vocab_size
-    # cheap checks (one pass over scalar columns): ids in range, tail max
-    lo_label, hi_label, lo_top1, hi_top1, tail_max, tail_total, unkept = con.execute(
-        f"SELECT min(label), max(label), min(top1_id), max(top1_id), max(tail_max), "
-        f"sum(tail_count), count(*) FILTER (WHERE NOT list_contains(kept_ids, label)) "
-        f"FROM read_parquet('{pos}')"
-    ).fetchall()[0]
-    if unkept:
+    state = TopkShardPass(vocab_size=k, fine_bins=fine_bins)
+    columns = [
+        "doc_id",
+        "label",
+        "top1_id",
+        "top1_prob",
+        "kept_ids",
+        "kept_probs",
+        "tail_count",
+        "tail_mass",
+        "tail_max",
+    ]
+    try:
+        for batch in pq.ParquetFile(str(pos_path)).iter_batches(BATCH_ROWS, columns=columns):
+            state.add_batch(batch)
+    except KeptEntryError as err:
+        raise AggregateError(f"{pos_path}: row {err.row}: {err} (shard fails validation)") from err
+    if state.label_rows_missing:
         raise AggregateError(
-            f"{pos_path}: {unkept} position(s) lack their label among the kept ids "
-            "(shard fails validation: the label must always be kept)"
-        )
-    for name, lo, hi in (("label", lo_label, hi_label), ("top1_id", lo_top1, hi_top1)):
-        if lo < 0 or hi >= k:
-            raise AggregateError(f"{pos_path}: {name} outside [0, {k}) (shard fails validation)")
-    queries = topk_part_sql(pos, tail, fine_bins)
-    con.execute(f"CREATE OR REPLACE TEMP TABLE _cb AS {queries['class_bins']}")
-    n_pairs, n_hits, lo_id, hi_id = con.execute(
-        "SELECT sum(n), sum(hits), min(class_id), max(class_id) FROM _cb"
-    ).fetchall()[0]
-    if lo_id is not None and (lo_id < 0 or hi_id >= k):
-        raise AggregateError(
-            f"{pos_path} / {tail_path}: class id outside [0, {k}) (shard fails validation)"
-        )
-    if int(n_hits or 0) != shard.rows:
-        raise AggregateError(
-            f"{pos_path}: {shard.rows - int(n_hits or 0)} position(s) lack their label among the "
+            f"{pos_path}: {state.label_rows_missing} position(s) lack their label among the "
             "kept ids (shard fails validation: the label must always be kept)"
         )
+    if state.label_hits != shard.rows:
+        raise AggregateError(
+            f"{pos_path}: {state.label_hits - shard.rows} kept entr(ies) repeat a label "
+            "(shard fails validation: each kept id appears once per position)"
+        )
     if tail_path is not None:
-        class_tail_total = con.execute(
-            f"SELECT coalesce(sum(tail_count), 0) FROM read_parquet('{tail}')"
-        ).fetchall()[0][0]
-        if int(class_tail_total) != int(tail_total or 0):
+        tail = pq.read_table(str(tail_path), columns=["class_id", "tail_count", "tail_mass"])
+        class_ids = tail.column("class_id").to_numpy()
+        tail_count = tail.column("tail_count").to_numpy()
+        if class_ids.size and (class_ids.min() < 0 or class_ids.max() >= k):
+            raise AggregateError(
+                f"{pos_path} / {tail_path}: class id outside [0, {k}) (shard fails validation)"
+            )
+        class_tail_total = int(tail_count.sum())
+        if class_tail_total != state.position_tail_count:
             raise AggregateError(
                 f"{tail_path}: per-class tail counts sum to {class_tail_total} but the "
-                f"positions' tail_count to {tail_total} (shard fails validation)"
+                f"positions' tail_count to {state.position_tail_count} (shard fails validation)"
             )
-    if int(n_pairs or 0) != shard.rows * k:
+        state.add_class_tail(class_ids, tail_count, tail.column("tail_mass").to_numpy())
+    if state.pairs != shard.rows * k:
         raise AggregateError(
-            f"{pos_path}: kept + tail entries = {n_pairs}, expected rows x K = {shard.rows * k} "
-            "(shard fails validation)"
+            f"{pos_path}: kept + tail entries = {state.pairs}, expected rows x K = "
+            f"{shard.rows * k} (shard fails validation)"
         )
+    tables = state.tables()
     with atomic.atomic_path(part_dir) as tmp:
         tmp.mkdir()
-        _write_query(con, "SELECT * FROM _cb", tmp / "class_bins.parquet", CLASS_BINS)
-        _write_query(
-            con, queries["top1_bins"] + " ORDER BY bin", tmp / "top1_bins.parquet", TOP1_BINS
-        )
-        _write_query(
-            con,
-            f"""
-            SELECT class_id, sum(label_count), sum(top1_count), sum(p_mass) FROM (
-              SELECT class_id, 0 AS label_count, 0 AS top1_count, p_sum AS p_mass FROM _cb
-              UNION ALL SELECT label, 1, 0, CAST(0 AS DOUBLE) FROM read_parquet('{pos}')
-              UNION ALL SELECT top1_id, 0, 1, CAST(0 AS DOUBLE) FROM read_parquet('{pos}')
-            ) GROUP BY class_id ORDER BY class_id""",
-            tmp / "tokens.parquet",
-            TOKENS,
-        )
-        _write_query(con, queries["seq_bins"], tmp / "seq_bins.parquet", SEQ_BINS)
-        meta = _part_meta(shard, fine_bins, positions=shard.rows, tail_max=float(tail_max or 0.0))
+        for name in TABLE_NAMES:
+            pq.write_table(
+                pa.table(tables[name], schema=TABLE_SCHEMAS[name]),
+                str(tmp / f"{name}.parquet"),
+                # a partial table is read once by the reduce: fast to write beats small
+                compression="lz4",
+                use_dictionary=False,
+                write_statistics=False,
+            )
+        meta = _part_meta(shard, fine_bins, positions=shard.rows, tail_max=state.tail_max)
         atomic.write_json(tmp / PART_META, meta)
-    con.execute("DROP TABLE IF EXISTS _cb")
     return meta
 
 
