@@ -7,8 +7,9 @@
 
 A missing field, a null or a non-string text is an error naming the file and
 the line or row. A blank text in a .jsonl/.parquet record is still a document
-(so document ids follow the records); extraction then finds too few tokens to
-score and counts it in ``skipped_documents``, and training skips it.
+(so document ids follow the records): extraction scores whatever tokens it has
+(an empty text has none and is counted in ``skipped_documents``), and training
+skips it.
 Document ids are the 0-based index of the document in the corpus. No torch here.
 """
 
