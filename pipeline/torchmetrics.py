@@ -86,11 +86,12 @@ class TokenCalibrationError(Metric):
     With ``classwise=True`` two more states hold per class and per bin of
     every M (S = sum of n_bins, 885 for the paper's M): ``class_hits``
     (int64) and ``class_p_sum`` (float64), ``[K, S]``, i.e. 16 K S bytes:
-    453 MB at K = 32000, 712 MB at K = 50257, per process, plus as much
-    again while processes synchronise.
+    453 MB at K = 32000, 712 MB at K = 50257, per process; while N processes
+    synchronise in ``compute()``, torchmetrics gathers N copies of it.
 
     Per update the extra device memory is bounded by blocks of
-    ``2**25 / K`` rows (a few [rows, K] float32 temporaries).
+    ``2**25 / K`` rows (a few [rows, K] float32 temporaries and one float64
+    copy: under 1 GB). An update that raises adds nothing.
     """
 
     is_differentiable = False
@@ -179,6 +180,15 @@ class TokenCalibrationError(Metric):
                 f"[0, {k}) and is not ignore_index={self.ignore_index}"
             )
         rows = max(1, _BLOCK_ELEMENTS // k)
+        if y.numel() > rows:
+            # several blocks: find a bad row before the first block is added, so
+            # a failed update adds nothing (row maxima are NaN/inf exactly where
+            # probs_of_record would fail: NaN, +inf, or every logit -inf)
+            bad_rows = (~torch.isfinite(x.amax(dim=1))).nonzero()
+            if bad_rows.numel():
+                i = int(bad_rows[0, 0])
+                where = i if kept is None else int(kept[i])
+                raise InputError(f"logits of position {where} of this batch contain NaN or inf")
         for start in range(0, y.numel(), rows):
             self._update_block(x[start : start + rows], y[start : start + rows])
 
@@ -205,18 +215,21 @@ class TokenCalibrationError(Metric):
         self.pooled_n += torch.bincount(fb, minlength=f)
         self.pooled_n[0] += n * k - big_p.numel()
         self.pooled_p_sum += torch.bincount(fb, weights=big_p64, minlength=f)
-        self.pooled_p_sum[0] += p.sum(dtype=torch.float64) - big_p64.sum()
+        # the one float64 pass over all pairs (a float64 copy of the block on CPU)
+        col_sums = p.sum(dim=0, dtype=torch.float64) if self.classwise else None
+        total = col_sums.sum() if self.classwise else p.sum(dtype=torch.float64)
+        self.pooled_p_sum[0] += total - big_p64.sum()
         self.pooled_hits += torch.bincount(fine_bin_index(label_p, f) - 1, minlength=f)
         self.positions += n
 
         if self.classwise:
-            self._update_classes(p, y, label_p, big_cols, big_p, big_p64)
+            self._update_classes(col_sums, y, label_p, big_cols, big_p, big_p64)
 
-    def _update_classes(self, p, y, label_p, big_cols, big_p, big_p64) -> None:
+    def _update_classes(self, col_sums, y, label_p, big_cols, big_p, big_p64) -> None:
         """Per class and per bin of each M, with index_add_ into the flat state
         (O(n + pairs above 1/F) work, not O(K S))."""
         s = sum(self.n_bins)
-        col_sums = p.sum(dim=0, dtype=torch.float64)  # [K], all in bin 1 first ...
+        # col_sums [K]: every pair goes to bin 1 first ...
         hit_idx, p_idx, p_val = [], [], []
         for m, offset in zip(self.n_bins, self._offsets, strict=True):  # a few M, not positions
             hit_idx.append(y * s + offset + fine_bin_index(label_p, m) - 1)

@@ -222,6 +222,18 @@ def test_clear_errors():
     with pytest.raises(InputError, match="row 1"):
         metric.update(bad, torch.zeros(3, dtype=torch.long))
     assert int(metric.positions) == 0  # nothing half-added
+    import pipeline.torchmetrics as tm
+
+    tm_block, tm._BLOCK_ELEMENTS = tm._BLOCK_ELEMENTS, 8  # blocks of 2 rows
+    try:
+        bad = torch.zeros(6, 4)
+        bad[4] = float("-inf")  # every logit -inf: no distribution
+        labels = torch.tensor([0, 1, -100, 2, 3, 0])
+        with pytest.raises(InputError, match="position 4 of this batch"):
+            metric.update(bad, labels)
+        assert int(metric.positions) == 0 and int(metric.pooled_n.sum()) == 0
+    finally:
+        tm._BLOCK_ELEMENTS = tm_block
     with pytest.raises(ValueError, match="vocab_size"):
         TokenCalibrationError(0)
     with pytest.raises(ValueError, match="n_bins"):

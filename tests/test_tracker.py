@@ -152,3 +152,114 @@ def test_trainer_logs_the_values_of_extract_and_metrics(tmp_path, batch_eval_met
         m = row["M"]
         assert last[f"eval_full_ece@{m}"] == pytest.approx(row["full_ece"], abs=1e-6), m
         assert last[f"eval_ece@{m}"] == pytest.approx(row["ece"], abs=1e-6), m
+
+
+_DDP_EVALUATE = r"""
+import json, sys
+import torch
+from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling,
+                          Trainer, TrainingArguments)
+from pipeline.integrations.transformers import CalibrationTracker
+
+model_dir, out = sys.argv[1], sys.argv[2]
+ids = json.loads(open(sys.argv[3]).read())
+tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+
+
+class Sequences(torch.utils.data.Dataset):
+    def __len__(self):
+        return len(ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": ids[i]}
+
+
+tracker = CalibrationTracker(vocab_size=model.config.vocab_size, n_bins=(5, 10, 20))
+local_positions = []
+
+
+def compute_metrics(eval_pred=None):
+    local_positions.append(int(tracker.metric.positions))  # this process's share
+    return tracker.compute_metrics(eval_pred)
+
+
+args = TrainingArguments(output_dir=out, per_device_eval_batch_size=2, report_to=[],
+                         use_cpu=True, disable_tqdm=True)
+trainer = Trainer(model=model, args=args, eval_dataset=Sequences(),
+                  data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+                  preprocess_logits_for_metrics=tracker.preprocess_logits_for_metrics,
+                  compute_metrics=compute_metrics)
+metrics = trainer.evaluate()
+local = {"world_size": trainer.args.world_size, "metrics": metrics,
+         "local_positions": local_positions}
+with open(f"{out}/rank{trainer.args.process_index}.json", "w") as fh:
+    json.dump(local, fh)
+"""
+
+
+@pytest.mark.slow
+def test_two_process_evaluation_under_torchrun(tmp_path):
+    """torchrun --nproc-per-node 2 (gloo): each process reduces its own
+    batches and every process logs the values of the whole evaluation set."""
+    import os
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    assert torchrun, "torchrun is installed with torch"
+    model_dir = build_gpt2(tmp_path / "m", vocab_size=300, n_positions=128, scale=0.5)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    ids = [tokenizer(t)["input_ids"] for t in synthetic_texts(8, seed=4, min_words=2, max_words=8)]
+    (tmp_path / "ids.json").write_text(json.dumps(ids))
+    (tmp_path / "evaluate.py").write_text(_DDP_EVALUATE)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(
+        [
+            torchrun,
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            str(tmp_path / "evaluate.py"),
+            str(model_dir),
+            str(tmp_path),
+            str(tmp_path / "ids.json"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    positions = sum(len(i) - 1 for i in ids)
+    shares = [r["local_positions"][0] for r in ranks]
+    assert sum(shares) == positions and 0 < shares[0] < positions  # each its own half
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval()
+    with torch.no_grad():
+        logits = torch.cat([model(input_ids=torch.tensor([i])).logits[0, :-1] for i in ids])
+    probs = probs_of_record(logits)
+    labels = torch.cat([torch.tensor(i[1:]) for i in ids])
+    for r in ranks:
+        for m in (5, 10, 20):
+            expected = calibration_errors(probs, labels, m)
+            assert r["metrics"][f"eval_full_ece@{m}"] == pytest.approx(
+                expected["full_ece"], abs=1e-6
+            )
+            assert r["metrics"][f"eval_ece@{m}"] == pytest.approx(expected["ece"], abs=1e-6)
