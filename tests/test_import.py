@@ -648,3 +648,77 @@ def test_imported_run_works_with_every_command(model_case, tmp_path):
 
     boot = metrics_for_run(run, [5, 10], bootstrap_replicates=20, quiet=True)["bootstrap"]
     assert len(boot["intervals"]) == 2
+
+
+# ------------------------------------------------------------ end to end, tiny
+
+
+def _reference_cw_bounds(docs, k, vocab, n_bins):
+    """cw-ECE bounds of a tiny dump from the definitions alone: bin every kept
+    probability, give class c an unknown tail share t_c in bin 1 with
+    0 <= t_c <= cap_c (capacity: sum over the positions where c is not kept of
+    min(smallest top-k p, 1 - sum kept p)) and sum_c t_c = total tail mass, and
+    optimise over t by brute force."""
+    n = 0
+    cells = {}  # (class, bin) -> hits - p
+    cap = np.zeros(vocab)
+    total = 0.0
+    for ids, p in docs:
+        for t in range(1, len(ids)):
+            row = p[t - 1]
+            y = int(ids[t])
+            order = sorted(range(vocab), key=lambda i: (-float(row[i]), i))
+            top = order[:k]
+            kept = set(top) | {y}
+            probs = {
+                c: float(np.float32(np.exp(np.float64(np.log(np.float64(row[c])))))) for c in kept
+            }
+            mass = max(0.0, 1.0 - sum(probs.values()))
+            # vLLM ranks: 1..k and the label's; a label of rank k + 1 extends the run
+            j = k + 1 if order.index(y) == k else k
+            bound = min(probs[c] for c in order[:j])
+            for c in range(vocab):
+                if c in kept:
+                    b = max(int(np.ceil(probs[c] * n_bins)), 1)
+                    cells[(c, b)] = cells.get((c, b), 0.0) + (c == y) - probs[c]
+                else:
+                    cap[c] += min(bound, mass)
+            total += mass
+            n += 1
+    gap = np.array([cells.get((c, 1), 0.0) for c in range(vocab)])
+    other = sum(abs(v) for (c, b), v in cells.items() if b != 1)
+    lo = brute_min(gap, total, cap)
+    hi = brute_max(gap, total, cap)
+    return (other + lo) / (n * vocab), (other + hi) / (n * vocab)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_imported_bounds_match_definition(tmp_path, seed):
+    from pipeline.analysis.metrics import metrics_for_run
+
+    vocab, k = 7, 2
+    docs = _random_docs(seed=10 + seed, n_docs=4, vocab=vocab, max_len=4)
+    path = write_vllm(tmp_path / "d.jsonl", docs, k)
+    out, manifest, _ = import_vllm([path], tmp_path / "run", vocab_size=vocab, shard_positions=3)
+    assert len(manifest["shards"]) >= 2  # class tails summed across shards
+    res = metrics_for_run(out, [2, 4, 5], quiet=True)
+    for row in res["bins"]:
+        lo, hi = _reference_cw_bounds(docs, k, vocab, row["M"])
+        assert row["cw_ece_bounds"][0] == pytest.approx(lo, abs=1e-12)
+        assert row["cw_ece_bounds"][1] == pytest.approx(hi, abs=1e-12)
+
+
+def test_shard_split_does_not_change_metrics(tmp_path):
+    from pipeline.analysis.metrics import metrics_for_run
+
+    docs = _random_docs(seed=21, n_docs=6)
+    path = write_vllm(tmp_path / "d.jsonl", docs, 4)
+    one, _, _ = import_vllm([path], tmp_path / "one", vocab_size=K)
+    many, m, _ = import_vllm([path], tmp_path / "many", vocab_size=K, shard_positions=7)
+    assert len(m["shards"]) > 2 and find_problems(many) == []
+    a = metrics_for_run(one, [5, 10], quiet=True)["bins"]
+    b = metrics_for_run(many, [5, 10], quiet=True)["bins"]
+    for x, y in zip(a, b, strict=True):
+        assert x["ece"] == pytest.approx(y["ece"], abs=1e-12)
+        assert x["full_ece"] == pytest.approx(y["full_ece"], abs=1e-12)
+        assert x["cw_ece_bounds"] == pytest.approx(y["cw_ece_bounds"], abs=1e-12)

@@ -196,7 +196,7 @@ class _Collector:
             self.topk.extend(flags)
 
 
-def read_vllm(paths, stats: dict, progress=None):
+def read_vllm(paths, stats: dict, batch_positions: int = BATCH_POSITIONS):
     """Yield EntryBatch objects over every document of every file, in order.
 
     ``stats`` receives ``documents`` and ``skipped_documents`` (fewer than 2 tokens).
@@ -217,10 +217,8 @@ def read_vllm(paths, stats: dict, progress=None):
                 else:
                     collector.add_document(where, doc_id, token_ids, logprobs)
                 doc_id += 1
-            if len(collector) >= BATCH_POSITIONS:
+            if len(collector) >= batch_positions:
                 yield collector.batch()
-            if progress is not None:
-                progress()
         if found == 0:
             raise IngestError(f"{path}: empty file (no documents)")
     if len(collector):
