@@ -601,9 +601,12 @@ def test_import_matches_extract(model_case, tmp_path, kind, k):
         assert lo - cw_slack <= r["cw_ece"] <= hi + cw_slack, (g["M"], lo, r["cw_ece"], hi)
         if k == vocab - 1:  # one tail class per position: its share is determined
             assert hi - lo <= 1e-12 * max(1.0, hi), (lo, hi)
+    g, r = got["bins"][-1], ref["bins"][-1]
     print(
         f"\n[{kind} k={k}] M_exact={m_exact}, bins {bins}: max |Full-ECE import - extract| = "
-        f"{worst:.3e} (allowed: mean |sum p - 1| = {mean_dev:.3e})"
+        f"{worst:.3e} (allowed: mean |sum p - 1| = {mean_dev:.3e}); at M={g['M']} cw-ECE "
+        f"extract {r['cw_ece']:.6e} in import bounds [{g['cw_ece_bounds'][0]:.6e}, "
+        f"{g['cw_ece_bounds'][1]:.6e}]"
     )
 
 
