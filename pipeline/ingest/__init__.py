@@ -95,7 +95,9 @@ def _run_import(
             leave=False,
         ) as bar,
     ):
-        for batch in reader([Path(f) for f in files], stats):
+        # batches no larger than a shard, so shards close near shard_positions
+        batch_positions = max(1, min(shard_positions, 16384))
+        for batch in reader([Path(f) for f in files], stats, batch_positions):
             bar.update(writer.add(batch))
         source.update(stats)
     from pipeline.store.manifest import load_manifest

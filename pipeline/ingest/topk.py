@@ -61,7 +61,7 @@ def _int_column(batch, name, where):
     return col.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def read_topk(paths, stats: dict):
+def read_topk(paths, stats: dict, batch_positions: int = BATCH_ROWS):
     """Yield EntryBatch objects over every row of every file, in order."""
     seen_docs: set[int] = set()
     last_doc = None
@@ -82,7 +82,7 @@ def read_topk(paths, stats: dict):
             raise IngestError(f"{path}: empty file (no rows)")
         columns = list(REQUIRED) + [c for c in OPTIONAL if c in names]
         base = 0
-        for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=columns):
+        for batch in pf.iter_batches(batch_size=batch_positions, columns=columns):
             n = batch.num_rows
 
             def where(i, base=base, path=path):

@@ -32,25 +32,20 @@ from pipeline.ingest.convert import EntryBatch, IngestError
 BATCH_POSITIONS = 16384
 
 
-class _DuplicateKeys(dict):
-    duplicate = None
+class _Object(list):
+    """A JSON object as its list of (key, value) pairs: duplicate keys survive
+    (the id-twice check sees them) and the C scanner builds it without a
+    Python-level hook call per object."""
 
-
-def _pairs_hook(pairs):
-    d = dict(pairs)
-    if len(d) != len(pairs):
-        d = _DuplicateKeys(d)
-        seen = set()
-        for key, _ in pairs:
-            if key in seen:
-                d.duplicate = key
-                break
-            seen.add(key)
-    return d
+    __slots__ = ()
 
 
 def _loads(text: str):
-    return json.loads(text, object_pairs_hook=_pairs_hook)
+    return json.loads(text, object_pairs_hook=_Object)
+
+
+def _as_dict(x):
+    return dict(x) if type(x) is _Object else x
 
 
 def iter_records(path: Path):
@@ -87,16 +82,18 @@ def iter_records(path: Path):
 
 def record_documents(where: str, rec):
     """The (token_ids, prompt_logprobs) documents of one record."""
-    if not isinstance(rec, dict):
+    if type(rec) is not _Object:
         raise IngestError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    rec = dict(rec)
     if "choices" in rec and "prompt_logprobs" not in rec:
         choices = rec["choices"]
-        if not isinstance(choices, list) or not choices:
+        if type(choices) is not list or not choices:
             raise IngestError(f"{where}: 'choices' is empty")
         docs = []
         for c in choices:
-            if not isinstance(c, dict):
+            if type(c) is not _Object:
                 raise IngestError(f"{where}: a choice is not a JSON object")
+            c = dict(c)
             docs.append(
                 (c.get("prompt_token_ids", rec.get("prompt_token_ids")), c.get("prompt_logprobs"))
             )
@@ -109,94 +106,128 @@ def record_documents(where: str, rec):
             raise IngestError(
                 f"{where}: no prompt_logprobs (score with SamplingParams(prompt_logprobs=k))"
             )
-        if not isinstance(ids, list) or not isinstance(logprobs, list):
+        if type(ids) is not list or type(logprobs) is not list:
             raise IngestError(f"{where}: prompt_token_ids and prompt_logprobs must be lists")
         if len(ids) != len(logprobs):
             raise IngestError(
                 f"{where}: lengths disagree: {len(ids)} prompt_token_ids but "
                 f"{len(logprobs)} prompt_logprobs"
             )
+        if not set(map(type, ids)) <= {int}:
+            t = next(i for i, x in enumerate(ids) if type(x) is not int)
+            raise IngestError(f"{where}: prompt_token_ids[{t}] = {ids[t]!r} is not a token id")
     return docs
 
 
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+_NUMBERS = {int, float}
 
 
 class _Collector:
-    """Flat entry lists of whole documents, flushed as EntryBatch objects."""
+    """Flat entry lists of whole documents, flushed as EntryBatch objects.
+
+    Per entry only list building happens here; types, ids and values are
+    checked on the whole batch (numpy), and an error is located afterwards.
+    """
 
     def __init__(self):
         self.reset()
 
     def reset(self):
         self.doc_id, self.offset, self.label, self.where = [], [], [], []
-        self.row, self.ids, self.lps, self.topk = [], [], [], []
+        self.row, self.keys, self.lps, self.topk = [], [], [], []
 
     def __len__(self):
         return len(self.label)
 
+    def _name(self, i: int) -> str:
+        where, t = self.where[i]
+        return f"{where}: position {t}"
+
     def batch(self) -> EntryBatch:
-        names = self.where
+        row = np.asarray(self.row, dtype=np.int64)
+        try:
+            ids = np.asarray(self.keys).astype(np.int64)
+        except (ValueError, OverflowError):
+            for j, key in enumerate(self.keys):
+                try:
+                    int(key)
+                except ValueError:
+                    raise IngestError(
+                        f"{self._name(int(row[j]))}: key {key!r} is not a token id"
+                    ) from None
+            raise
+        if not set(map(type, self.lps)) <= _NUMBERS:
+            j = next(j for j, x in enumerate(self.lps) if type(x) not in _NUMBERS)
+            raise IngestError(
+                f"{self._name(int(row[j]))}: logprob of token {self.keys[j]} is "
+                f"{self.lps[j]!r}, not a number"
+            )
+        where = self.where
         b = EntryBatch(
             doc_id=np.asarray(self.doc_id, dtype=np.int64),
             offset=np.asarray(self.offset, dtype=np.int64),
             label=np.asarray(self.label, dtype=np.int64),
-            row=np.asarray(self.row, dtype=np.int64),
-            ids=np.asarray(self.ids, dtype=np.int64),
+            row=row,
+            ids=ids,
             logprobs=np.asarray(self.lps, dtype=np.float64),
             topk=np.asarray(self.topk, dtype=bool),
-            where=lambda i: names[i],
+            where=lambda i, where=where: f"{where[i][0]}: position {where[i][1]}",
         )
         self.reset()
         return b
 
     def add_document(self, where: str, doc_id: int, token_ids: list, logprobs: list) -> None:
+        row = len(self.label)
         for t in range(1, len(token_ids)):
-            here = f"{where}: position {t}"
+            entries = logprobs[t]
+            if type(entries) is not _Object:
+                raise IngestError(
+                    f"{where}: position {t}: expected a {{token_id: logprob}} object, "
+                    f"got {entries!r}"
+                )
             label = token_ids[t]
-            if not isinstance(label, int) or isinstance(label, bool):
-                raise IngestError(f"{here}: prompt_token_ids[{t}] = {label!r} is not a token id")
-            d = logprobs[t]
-            if not isinstance(d, dict):
-                raise IngestError(f"{here}: expected a {{token_id: logprob}} object, got {d!r}")
-            if isinstance(d, _DuplicateKeys):
-                raise IngestError(f"{here}: token id {d.duplicate} appears twice")
-            row = len(self.label)
-            ids, lps, ranks = [], [], []
-            for key, v in d.items():
-                try:
-                    tok = int(key)
-                except ValueError:
-                    raise IngestError(f"{here}: key {key!r} is not a token id") from None
-                if isinstance(v, dict):
-                    lp, rank = v.get("logprob"), v.get("rank")
+            keys = [k for k, _ in entries]
+            values = [v for _, v in entries]
+            n = len(keys)
+            if n and all(type(v) is _Object for v in values):
+                fields = [dict(v) for v in values]
+                lps = [f.get("logprob") for f in fields]
+                ranks = [f.get("rank") for f in fields]
+                if set(map(type, ranks)) <= {int}:
+                    present = sorted(ranks)
+                    j = 0
+                    for r in present:
+                        if r == j + 1:
+                            j += 1
+                        elif r > j + 1:
+                            break
+                    flags = [r <= j for r in ranks]
                 else:
-                    lp, rank = v, None
-                if not _number(lp):
-                    raise IngestError(f"{here}: logprob of token {tok} is {lp!r}, not a number")
-                ids.append(tok)
-                lps.append(lp)
-                ranks.append(rank if _number(rank) else None)
-            if ranks and all(r is not None for r in ranks):
-                present = set(ranks)
-                j = 0
-                while j + 1 in present:
-                    j += 1
-                flags = [r <= j for r in ranks]
+                    ranks = None
             else:
-                flags = [tok != label or len(ids) == 1 for tok in ids]
+                lps = [_as_dict(v).get("logprob") if type(v) is _Object else v for v in values]
+                ranks = None
+            if ranks is None:
+                # no ranks: every entry but the label is top-k (the label too when alone)
+                if n <= 1:
+                    flags = [True] * n
+                else:
+                    try:
+                        flags = [int(k) != label for k in keys]
+                    except ValueError:
+                        flags = [True] * n  # batch() names the bad key
             self.doc_id.append(doc_id)
             self.offset.append(t)
             self.label.append(label)
-            self.where.append(here)
-            self.row.extend([row] * len(ids))
-            self.ids.extend(ids)
+            self.where.append((where, t))
+            self.row.extend([row] * n)
+            self.keys.extend(keys)
             self.lps.extend(lps)
             self.topk.extend(flags)
+            row += 1
 
 
-def read_vllm(paths, stats: dict, progress=None):
+def read_vllm(paths, stats: dict, batch_positions: int = BATCH_POSITIONS):
     """Yield EntryBatch objects over every document of every file, in order.
 
     ``stats`` receives ``documents`` and ``skipped_documents`` (fewer than 2 tokens).
@@ -217,10 +248,8 @@ def read_vllm(paths, stats: dict, progress=None):
                 else:
                     collector.add_document(where, doc_id, token_ids, logprobs)
                 doc_id += 1
-            if len(collector) >= BATCH_POSITIONS:
+            if len(collector) >= batch_positions:
                 yield collector.batch()
-            if progress is not None:
-                progress()
         if found == 0:
             raise IngestError(f"{path}: empty file (no documents)")
     if len(collector):
