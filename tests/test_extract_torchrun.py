@@ -196,3 +196,19 @@ def test_killed_rank_and_resume(setup, tmp_path):
     # the shards committed before the kill were resumed from, not rewritten
     for rel, inode in kept.items():
         assert os.stat(run / rel).st_ino == inode, rel
+
+
+def test_torchrun_job_refused_by_a_held_lock(setup, tmp_path):
+    """Another writer holds the run: every rank refuses with the holder named, and
+    nothing of the held run is touched."""
+    from pipeline.store.lock import RunLock
+
+    model, corpus = setup
+    run = tmp_path / "run"
+    with RunLock(run):
+        proc = _torchrun("--no-python", str(FULLECE), *_args(model, corpus, run, "topk"))
+        _, err = proc.communicate(timeout=600)
+    assert proc.returncode != 0
+    text = err.decode()
+    assert f"is being written by process {os.getpid()}" in text, text[-3000:]
+    assert sorted(p.name for p in run.iterdir()) == [".lock"]

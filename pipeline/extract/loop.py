@@ -95,89 +95,103 @@ def run_extraction(
 
     from pipeline.extract.dist import Dist, env_world
     from pipeline.extract.writer import RunWriter, new_manifest
+    from pipeline.store.lock import RunLock
 
     rank, world, local_rank = env_world()
     torch_dev = f"cuda:{local_rank}" if dev == "cuda" and world > 1 else dev
-    lm, vocab = hf.load_model(model_dir, device=torch_dev, dtype=dtype)
-    tok = hf.load_tokenizer(tok_dir)
-    if int(k) > vocab:
-        raise ExtractError(f"--k {k} is larger than the model's output width K = {vocab}")
-    ctx = hf.context_length(lm)
-    if max_length is None:
-        max_length = min(ctx or DEFAULT_MAX_LENGTH_CAP, DEFAULT_MAX_LENGTH_CAP)
-    max_length = int(max_length)
-    if max_length < 2:
-        raise ExtractError(f"--max-length {max_length}: must be >= 2")
-    if ctx is not None and max_length > ctx:
-        raise ExtractError(f"--max-length {max_length} exceeds the model's context of {ctx} tokens")
-    stride = int(stride) if stride is not None else max(1, max_length // 2)
-    if not 1 <= stride < max_length:
-        raise ExtractError(f"--stride {stride}: need 1 <= stride < max-length ({max_length})")
-    if shard_positions is None:
-        shard_positions = default_shard_positions(store, vocab)
-    shard_positions = int(shard_positions)
-    if shard_positions < 1:
-        raise ExtractError(f"--shard-positions {shard_positions}: must be >= 1")
-    chunk_rows = default_chunk_rows(dev, vocab, chunk_elements)
-
-    model_files = hf.directory_files(model_dir)
-    tok_files = (
-        model_files if tok_dir.resolve() == model_dir.resolve() else hf.directory_files(tok_dir)
-    )
-    corpus_sha = file_sha256(corpus)
-    settings = {
-        "store": store,
-        "k": int(k),
-        "tau": float(tau),
-        "max_length": max_length,
-        "stride": stride,
-        "batch_size": int(batch_size),
-        "device": dev,
-        "dtype": dtype,
-        "shard_positions": shard_positions,
-        "slice": [slice_i, slice_n],
-        "chunk_rows": chunk_rows,
-        "world_size": world,
-    }
-    fresh = new_manifest(
-        vocab_size=vocab,
-        store=store,
-        label=label or model_dir.resolve().name,
-        settings=settings,
-        model={
-            "path": str(model_dir.resolve()),
-            "architecture": (config.get("architectures") or [type(lm).__name__])[0],
-            "dtype": str(next(lm.parameters()).dtype).replace("torch.", ""),
-            "files": model_files,
-        },
-        tokenizer={"path": str(tok_dir.resolve()), "files": tok_files},
-        corpus={
-            "path": str(corpus.resolve()),
-            "format": fmt,
-            "text_field": text_field,
-            "sha256": corpus_sha,
-            "documents": n_docs,
-            "slice_documents": slice_docs,
-        },
-    )
     dist = Dist.from_env(dev)
-    my_i, my_n = compose_slices((slice_i, slice_n), (rank, world)) if dist else (slice_i, slice_n)
-    my_docs = len(range(my_i, n_docs, my_n))
-    writer = RunWriter(
-        out,
-        vocab_size=vocab,
-        store=store,
-        k=int(k),
-        tau=float(tau),
-        shard_positions=shard_positions,
-        label=label,
-        chunk_rows=chunk_rows,
-        overwrite=overwrite,
-        manifest=fresh,
-        where=str(corpus),
-        dist=dist,
-    )
+    # lock before the (slow) model load, so that a second writer is refused at once
     try:
+        lock = dist.lock_run(out) if dist else RunLock(out, purpose="extract").acquire()
+    except BaseException:
+        if dist is not None:
+            dist.close()
+        raise
+    writer = None
+    try:
+        lm, vocab = hf.load_model(model_dir, device=torch_dev, dtype=dtype)
+        tok = hf.load_tokenizer(tok_dir)
+        if int(k) > vocab:
+            raise ExtractError(f"--k {k} is larger than the model's output width K = {vocab}")
+        ctx = hf.context_length(lm)
+        if max_length is None:
+            max_length = min(ctx or DEFAULT_MAX_LENGTH_CAP, DEFAULT_MAX_LENGTH_CAP)
+        max_length = int(max_length)
+        if max_length < 2:
+            raise ExtractError(f"--max-length {max_length}: must be >= 2")
+        if ctx is not None and max_length > ctx:
+            raise ExtractError(
+                f"--max-length {max_length} exceeds the model's context of {ctx} tokens"
+            )
+        stride = int(stride) if stride is not None else max(1, max_length // 2)
+        if not 1 <= stride < max_length:
+            raise ExtractError(f"--stride {stride}: need 1 <= stride < max-length ({max_length})")
+        if shard_positions is None:
+            shard_positions = default_shard_positions(store, vocab)
+        shard_positions = int(shard_positions)
+        if shard_positions < 1:
+            raise ExtractError(f"--shard-positions {shard_positions}: must be >= 1")
+        chunk_rows = default_chunk_rows(dev, vocab, chunk_elements)
+
+        model_files = hf.directory_files(model_dir)
+        tok_files = (
+            model_files if tok_dir.resolve() == model_dir.resolve() else hf.directory_files(tok_dir)
+        )
+        corpus_sha = file_sha256(corpus)
+        settings = {
+            "store": store,
+            "k": int(k),
+            "tau": float(tau),
+            "max_length": max_length,
+            "stride": stride,
+            "batch_size": int(batch_size),
+            "device": dev,
+            "dtype": dtype,
+            "shard_positions": shard_positions,
+            "slice": [slice_i, slice_n],
+            "chunk_rows": chunk_rows,
+            "world_size": world,
+        }
+        fresh = new_manifest(
+            vocab_size=vocab,
+            store=store,
+            label=label or model_dir.resolve().name,
+            settings=settings,
+            model={
+                "path": str(model_dir.resolve()),
+                "architecture": (config.get("architectures") or [type(lm).__name__])[0],
+                "dtype": str(next(lm.parameters()).dtype).replace("torch.", ""),
+                "files": model_files,
+            },
+            tokenizer={"path": str(tok_dir.resolve()), "files": tok_files},
+            corpus={
+                "path": str(corpus.resolve()),
+                "format": fmt,
+                "text_field": text_field,
+                "sha256": corpus_sha,
+                "documents": n_docs,
+                "slice_documents": slice_docs,
+            },
+        )
+        my_i, my_n = (
+            compose_slices((slice_i, slice_n), (rank, world)) if dist else (slice_i, slice_n)
+        )
+        my_docs = len(range(my_i, n_docs, my_n))
+        writer = RunWriter(
+            out,
+            vocab_size=vocab,
+            store=store,
+            k=int(k),
+            tau=float(tau),
+            shard_positions=shard_positions,
+            label=label,
+            chunk_rows=chunk_rows,
+            overwrite=overwrite,
+            manifest=fresh,
+            where=str(corpus),
+            dist=dist,
+            lock=lock,
+        )
         writer.open()
         if writer.complete:
             return writer.finish()
@@ -252,7 +266,9 @@ def run_extraction(
             },
         )
     except BaseException:
-        writer.abort()
+        if writer is not None:
+            writer.abort()
+        lock.release()
         raise
     finally:
         if dist is not None:

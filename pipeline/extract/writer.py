@@ -3,11 +3,14 @@
     from pipeline.extract import RunWriter
 
     with RunWriter("runs/mine", vocab_size=K, store="topk", k=64, tau=1e-3) as w:
-        for batch in loader:
-            logits = model(batch.inputs)                # [B, T, K] on any device
-            w.add(logits[:, :-1].reshape(-1, K), batch.inputs[:, 1:].reshape(-1),
-                  doc_ids=batch.doc_ids.repeat_interleave(T - 1), offsets=...)
+        for doc_ids, ids in batches:                    # ids [B, T] token ids
+            logits = model(ids)                         # [B, T, K] on any device
+            B, T = ids.shape
+            w.add(logits[:, :-1].reshape(-1, K), ids[:, 1:].reshape(-1),
+                  doc_ids=doc_ids.repeat_interleave(T - 1),
+                  offsets=torch.arange(1, T).repeat(B))
 
+(docs/api-runwriter.md has a runnable example.)
 Each ``add`` is reduced on the logits' device by the same kernel as ``fullece
 extract`` (pipeline.extract.kernel.score_rows: probabilities of record, kept
 entries top-k ∪ {p > tau} ∪ {label}, exact tail summary, per-class tails,
@@ -113,6 +116,7 @@ class RunWriter:
         manifest: dict | None = None,
         where: str | None = None,
         dist=None,
+        lock=None,
     ):
         check_kernel_settings(store, k, tau)
         if int(vocab_size) < 1:
@@ -152,7 +156,7 @@ class RunWriter:
             self._public = False
         self._fresh = manifest
         self.manifest: dict | None = None
-        self._lock: RunLock | None = None
+        self._lock = lock  # a lock the caller already holds (released by this writer)
         self._executor = None
         self._pending: deque = deque()
         self._shard_open = False
@@ -218,6 +222,8 @@ class RunWriter:
         return self
 
     def _acquire_lock(self) -> None:
+        if self._lock is not None:
+            return
         if self.dist is None:
             self._lock = RunLock(self.out, purpose="extract").acquire()
         else:
