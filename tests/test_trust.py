@@ -648,3 +648,61 @@ def test_validate_reports_table_of_other_run_inputs(run, tmp_path, case):
     meta["runs"][0]["inputs"][key] = "0" * 64
     meta_path.write_text(json.dumps(meta))
     assert "not the tables of this run" in find_problems(run)[0]
+
+
+# ------------------------------------------------------- real extraction, end to end
+
+
+@pytest.fixture(scope="module")
+def extracted(tmp_path_factory):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from pipeline.extract import run_extraction
+    from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus
+
+    base = tmp_path_factory.mktemp("trust-e2e")
+    model = build_gpt2(base / "gpt2", scale=0.5)
+    corpus = write_corpus(base / "c.txt", synthetic_texts(24, seed=9, max_words=16))
+    runs = {}
+    for store in ("topk", "full"):
+        runs[store] = base / store
+        run_extraction(
+            model,
+            corpus,
+            runs[store],
+            store=store,
+            shard_positions=80,
+            progress=False,
+            device="cpu",
+        )
+    return base, runs
+
+
+@pytest.mark.slow
+def test_extracted_runs_verify_and_refuse_overlap(extracted, tmp_path):
+    """Real writers: Parquet page checksums and crc32c Zarr chunks are verified;
+    the same slice extracted twice is refused by aggregate."""
+    import zarr
+
+    from pipeline.store.shards import zarr_has_checksums
+
+    base, runs = extracted
+    for store, d in runs.items():
+        assert find_problems(d) == [], store
+        assert metrics_json(d)["complete"] is True
+    manifest = json.loads((runs["full"] / "manifest.json").read_text())
+    group = zarr.open_group(str(runs["full"] / manifest["shards"][0]["logits"]), mode="r")
+    assert zarr_has_checksums(group["logits"], group["logsumexp"])
+    # the topk and full runs are the same model on the same corpus and slice
+    res = cli("aggregate", runs["topk"], runs["full"], "--out", tmp_path / "m", "--quiet")
+    assert_clear_error(res, "overlapping slices")
+    # a flipped byte in a real crc32c chunk
+    damaged = tmp_path / "full"
+    shutil.copytree(runs["full"], damaged, ignore=shutil.ignore_patterns("tables"))
+    chunk = next(
+        p
+        for p in sorted((damaged / manifest["shards"][0]["logits"] / "logits").rglob("*"))
+        if p.is_file() and p.name != "zarr.json"
+    )
+    flip(chunk, 0.5)
+    assert_clear_error(cli("metrics", damaged, "--bins", M, "--quiet"), "logits-00000.zarr")

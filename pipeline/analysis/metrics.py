@@ -162,7 +162,7 @@ def metrics_for_run(
         result["bootstrap"] = boot
     label = run_label(run_dir) if is_run(run_dir) else run_dir.resolve().name
     if not coverage["complete"]:
-        notes.insert(0, f"partial run: {describe_coverage(coverage)}")
+        notes.insert(0, f"partial run (complete: false): {describe_coverage(coverage)}")
     return {
         "schema_version": METRICS_JSON_VERSION,
         "complete": bool(coverage["complete"]),
@@ -237,7 +237,9 @@ def format_metrics(result: dict) -> str:
     if run:
         lines.append(f"run: {run['label']}  ({run['path']})")
     if result.get("complete") is False:
-        lines.append("PARTIAL RUN (complete: false): " + (result.get("notes") or ["?"])[0])
+        lines.append(
+            (result.get("notes") or ["partial run"])[0].replace("partial run", "PARTIAL RUN", 1)
+        )
     m_exact = result.get("m_exact")
     lines.append(
         f"N = {result['positions']:,} positions   K = {result['vocab_size']:,} classes   "
