@@ -42,27 +42,62 @@ def rehash(slots, bigger, count):
             bigger[t, 1:] = slots[s, 1:]
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def touch(doc_bins, touched, b):
+    if doc_bins[b, 7] == 0:
+        doc_bins[b, 7] = 1
+        touched[0] += 1
+        touched[touched[0]] = b
+
+
+@_njit
+def flush(doc_bins, doc_floats, touched, current, s_int, s_float, s_count, stride):
+    """Move the current document's bins into the seq table (one insert per bin)."""
+    base = current[0] * stride
+    for t in range(1, touched[0] + 1):
+        b = touched[t]
+        s = slot_of(s_int, s_count, base + b)
+        for col in range(1, 5):
+            s_int[s, col] += doc_bins[b, col]
+        s_float[s, 5] += doc_floats[b, 5]
+        s_float[s, 6] += doc_floats[b, 6]
+        doc_bins[b, :] = 0
+    touched[0] = 0
+
+
 @_njit
 def batch(
     start, ids, probs, offsets, labels, docs, tail_count, tail_mass, top1_bin, top1_prob,
     top1_ok, vocab, fine_bins, threshold,
     bin1_n, bin1_p, bin1_hits, kept_n, p_mass, label_hits,
     c_int, c_float, c_count, s_int, s_float, s_count,
+    doc_bins, doc_floats, touched, current,
 ):  # fmt: skip
     """Fold rows start.. of one batch in. Returns (code, row): _GROW asks the
     caller to enlarge the hash tables and call again from that row.
 
     Slot columns: class [key, n, hits, p_sum]; seq [key, n, hits, top1_n,
-    correct, p_sum, conf_sum, -]; key = id * (F + 1) + bin.
+    correct, p_sum, conf_sum, -]; key = id * (F + 1) + bin. The current
+    document's seq bins are summed in `doc_bins` (dense over bins, same
+    columns, column 7 marks a touched bin) and enter the seq table when the
+    document changes (rows of a document are consecutive in a shard; if not,
+    it still sums right, with more inserts). current = [doc, active].
     """
     stride = fine_bins + 1
     for i in range(start, labels.size):
         lo, hi = offsets[i], offsets[i + 1]
-        room = hi - lo + 2
-        if 2 * (c_count[0] + room) > c_int.shape[0] or 2 * (s_count[0] + room) > s_int.shape[0]:
+        if (
+            2 * (c_count[0] + hi - lo) > c_int.shape[0]
+            or 2 * (s_count[0] + stride) > s_int.shape[0]
+        ):
             return _GROW, i
+        doc = docs[i]
+        if current[1] == 0 or doc != current[0]:
+            if current[1]:
+                flush(doc_bins, doc_floats, touched, current, s_int, s_float, s_count, stride)
+            current[0] = doc
+            current[1] = 1
         label = labels[i]
-        doc_key = docs[i] * stride
         n1 = 0
         p1 = 0.0
         h1 = 0
@@ -92,19 +127,20 @@ def batch(
                 c_int[s, 1] += 1
                 c_int[s, 2] += hit
                 c_float[s, 3] += v64
-                s = slot_of(s_int, s_count, doc_key + b)
-                s_int[s, 1] += 1
-                s_int[s, 2] += hit
-                s_float[s, 5] += v64
+                touch(doc_bins, touched, b)
+                doc_bins[b, 1] += 1
+                doc_bins[b, 2] += hit
+                doc_floats[b, 5] += v64
         label_hits[i] = hits
         tc = tail_count[i]
         if n1 + tc > 0:
-            s = slot_of(s_int, s_count, doc_key + 1)
-            s_int[s, 1] += n1 + tc
-            s_int[s, 2] += h1
-            s_float[s, 5] += p1 + tail_mass[i]
-        s = slot_of(s_int, s_count, doc_key + top1_bin[i])
-        s_int[s, 3] += 1
-        s_int[s, 4] += top1_ok[i]
-        s_float[s, 6] += np.float64(top1_prob[i])
+            touch(doc_bins, touched, 1)
+            doc_bins[1, 1] += n1 + tc
+            doc_bins[1, 2] += h1
+            doc_floats[1, 5] += p1 + tail_mass[i]
+        b = top1_bin[i]
+        touch(doc_bins, touched, b)
+        doc_bins[b, 3] += 1
+        doc_bins[b, 4] += top1_ok[i]
+        doc_floats[b, 6] += np.float64(top1_prob[i])
     return _OK, -1

@@ -116,6 +116,8 @@ def _aggregate_topk_shard(con, shard: Shard, part_dir: Path, fine_bins: int) -> 
     unused here (kept for the callers' signature). Memory: one batch plus the
     tables.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     from pipeline.aggregate.topk_pass import BATCH_ROWS, KeptEntryError, TopkShardPass
 
     pos_path = check_positions(shard)
@@ -134,8 +136,13 @@ def _aggregate_topk_shard(con, shard: Shard, part_dir: Path, fine_bins: int) -> 
         "tail_max",
     ]
     try:
-        for batch in pq.ParquetFile(str(pos_path)).iter_batches(BATCH_ROWS, columns=columns):
-            state.add_batch(batch)
+        batches = pq.ParquetFile(str(pos_path)).iter_batches(BATCH_ROWS, columns=columns)
+        # decode the next batch (pyarrow, GIL released) while the kernel (nogil) folds this one
+        with ThreadPoolExecutor(1) as reader:
+            upcoming = reader.submit(next, batches, None)
+            while (batch := upcoming.result()) is not None:
+                upcoming = reader.submit(next, batches, None)
+                state.add_batch(batch)
     except KeptEntryError as err:
         raise AggregateError(f"{pos_path}: row {err.row}: {err} (shard fails validation)") from err
     if state.label_rows_missing:

@@ -43,6 +43,27 @@ def _compile():
     return _topk_kernel.batch, _topk_kernel.rehash
 
 
+def _flush_document(state) -> None:
+    from pipeline.aggregate import _topk_kernel
+
+    if state._current[1]:
+        slots, floats, count = state._seq
+        if 2 * (count[0] + state.fine_bins + 1) > slots.shape[0]:
+            state._seq = _grow(state._seq, _topk_kernel.rehash)
+            slots, floats, count = state._seq
+        _topk_kernel.flush(
+            state._doc_bins,
+            state._doc_bins.view(np.float64),
+            state._touched,
+            state._current,
+            slots,
+            floats,
+            count,
+            state.fine_bins + 1,
+        )
+        state._current[1] = 0
+
+
 _EMPTY = np.iinfo(np.int64).min  # as in _topk_kernel.EMPTY
 _CLASS_WIDTH, _SEQ_WIDTH = 4, 8  # slot columns (see the kernel); 32 and 64 bytes
 
@@ -107,6 +128,10 @@ class TopkShardPass:
         # (class, bin) -> n, hits, p_sum; (doc, bin) -> n, hits, top1_n, correct, p_sum, conf
         self._class = _new_table(_CLASS_WIDTH, _capacity_hint["class"])
         self._seq = _new_table(_SEQ_WIDTH, _capacity_hint["seq"])
+        # the current document's seq bins, dense over bins (see _topk_kernel.batch)
+        self._doc_bins = np.zeros((f + 1, _SEQ_WIDTH), np.int64)
+        self._touched = np.zeros(f + 2, np.int64)
+        self._current = np.zeros(2, np.int64)
 
     # ------------------------------------------------------------------ input
 
@@ -175,7 +200,16 @@ class TopkShardPass:
         )
         row = 0
         while True:
-            code, row = kernel(row, *args, *self._class, *self._seq)
+            code, row = kernel(
+                row,
+                *args,
+                *self._class,
+                *self._seq,
+                self._doc_bins,
+                self._doc_bins.view(np.float64),
+                self._touched,
+                self._current,
+            )
             if code != _GROW:
                 break
             self._class = _grow(self._class, rehash)
@@ -218,6 +252,7 @@ class TopkShardPass:
 
     def tables(self) -> dict[str, dict[str, np.ndarray]]:
         """The four partial tables as columns (rows unordered: the reduce sorts)."""
+        _flush_document(self)
         # the next shard of this process starts at this shard's table sizes (no regrowth)
         _capacity_hint["class"] = self._class[0].shape[0]
         _capacity_hint["seq"] = self._seq[0].shape[0]
