@@ -65,6 +65,15 @@ def read_table_file(path, columns=None) -> pa.Table:
 
 
 _HASH_CACHE: dict[tuple, str] = {}
+# A file modified this recently may change again within the same timestamp
+# tick (same size, same mtime): never cached (git's "racy" rule).
+_RACY_NS = 2_000_000_000
+
+
+def _settled(mtime_ns: int) -> bool:
+    import time
+
+    return time.time_ns() - mtime_ns > _RACY_NS
 
 
 def cached_sha256(path) -> str:
@@ -89,7 +98,9 @@ def cached_sha256(path) -> str:
     digest = _HASH_CACHE.get(key)
     if digest is None:
         digest = path_sha256(path)
-        _HASH_CACHE[key] = digest
+        newest = max((k[3] for k in probe), default=0) if path.is_dir() else probe.st_mtime_ns
+        if _settled(newest):
+            _HASH_CACHE[key] = digest
     return digest
 
 
@@ -256,13 +267,33 @@ def check_invariants(arrow: dict[str, pa.Table], meta: dict, where) -> None:
         )
 
 
+# Tables directories verified by this process, keyed by the stat of meta.json
+# and of every table file: verified once, not again on the next load.
+_VERIFIED: set = set()
+
+
+def _stat_key(directory: Path):
+    key = [str(directory.resolve())]
+    for name in (META_NAME, *(f"{n}.parquet" for n in TABLE_NAMES)):
+        try:
+            st = (directory / name).stat()
+        except OSError:
+            return None
+        key.append((name, st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(key)
+
+
 def verify_tables(directory) -> dict:
     """Checksums and invariants of the tables in `directory`; returns meta.json.
     Raises TablesError naming the first problem."""
-    return _verified(Path(directory))[0]
+    directory = Path(directory)
+    if _stat_key(directory) in _VERIFIED:
+        return read_meta(directory)
+    return _verified(directory)[0]
 
 
 def _verified(directory: Path):
+    key = _stat_key(directory)
     meta = read_meta(directory)
     for name in TABLE_NAMES:
         path = directory / f"{name}.parquet"
@@ -278,13 +309,15 @@ def _verified(directory: Path):
         raise TablesError(problems[0])
     arrow = {name: read_table_file(directory / f"{name}.parquet") for name in TABLE_NAMES}
     check_invariants(arrow, meta, directory)
+    if key is not None and key == _stat_key(directory) and all(_settled(k[2]) for k in key[1:]):
+        _VERIFIED.add(key)
     return meta, arrow
 
 
 def load_tables(directory, *, verify: bool = True) -> BinTables:
     """Read verified bin tables (checksums from meta.json, then invariants)."""
     directory = Path(directory)
-    if verify:
+    if verify and _stat_key(directory) not in _VERIFIED:
         meta, arrow = _verified(directory)
     else:
         meta, arrow = read_meta(directory), {}
