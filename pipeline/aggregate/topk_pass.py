@@ -114,11 +114,15 @@ class TopkShardPass:
     def __post_init__(self):
         k, f = self.vocab_size, self.fine_bins
         self._threshold = bin1_threshold(f)
-        self.bin1_n = np.zeros(k, np.int64)
-        self.bin1_p_sum = np.zeros(k, np.float64)
-        self.bin1_hits = np.zeros(k, np.int64)
-        self.kept_n = np.zeros(k, np.int64)
-        self.p_mass = np.zeros(k, np.float64)
+        # a class's five running sums share one 64-byte row (one cache line per
+        # kept entry); the attributes are column views of it
+        self._per_class = np.zeros((k, 8), np.int64)
+        floats = self._per_class.view(np.float64)
+        self.bin1_n = self._per_class[:, 0]
+        self.bin1_hits = self._per_class[:, 1]
+        self.kept_n = self._per_class[:, 2]
+        self.bin1_p_sum = floats[:, 3]
+        self.p_mass = floats[:, 4]
         self.label_count = np.zeros(k, np.int64)
         self.top1_count = np.zeros(k, np.int64)
         self.top1_n = np.zeros(f, np.int64)

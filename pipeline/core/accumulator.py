@@ -36,6 +36,7 @@ from pipeline.core.tables import CLASS_BIN_VALUES, SEQ_BIN_VALUES, BinTables, Sp
 # Rows per block: keeps a block's temporaries near L2/L3 size so the several
 # reductions over it re-read cache, not memory.
 _BLOCK_BYTES = 4 << 20
+_FOLD_BYTES = 64 << 20  # blocks summarised before one fold (see _update_dense)
 _COMPACT_ROWS = 4_000_000  # sparse parts are group-summed past this many rows
 
 
@@ -52,6 +53,27 @@ class _DenseSummary:
     label_probs: np.ndarray  # float32 [b]
     top1_id: np.ndarray  # int64 [b], argmax: first index among ties
     top1_prob: np.ndarray  # float32 [b]
+
+
+def _merge_summaries(parts: list[tuple[int, _DenseSummary]]) -> _DenseSummary:
+    """One summary of consecutive blocks ((first row, summary) each)."""
+    if len(parts) == 1:
+        return parts[0][1]
+    first = parts[0][0]
+    col_sums = parts[0][1].col_sums.copy()
+    for _, s in parts[1:]:
+        col_sums += s.col_sums
+    return _DenseSummary(
+        row_sums=np.concatenate([s.row_sums for _, s in parts]),
+        col_sums=col_sums,
+        rows=np.concatenate([s.rows + (start - first) for start, s in parts]),
+        cols=np.concatenate([s.cols for _, s in parts]),
+        vals=np.concatenate([s.vals for _, s in parts]),
+        min_value=min(s.min_value for _, s in parts),
+        label_probs=np.concatenate([s.label_probs for _, s in parts]),
+        top1_id=np.concatenate([s.top1_id for _, s in parts]),
+        top1_prob=np.concatenate([s.top1_prob for _, s in parts]),
+    )
 
 
 def _summarise_numpy(p, labels, threshold, exact_row_sums) -> _DenseSummary:
@@ -189,6 +211,7 @@ class CalibrationAccumulator:
             data = np.asarray(data)
             if not from_logits and data.dtype != np.float32:
                 data = data.astype(np.float32)  # the probability of record
+        pending, pending_rows = [], 0
         for start in range(0, n, block):
             stop = min(start + block, n)
             chunk = data[start:stop]
@@ -204,8 +227,18 @@ class CalibrationAccumulator:
                 chunk = np.ascontiguousarray(chunk)
             summarise = _summarise_torch if torch_input else _summarise_numpy
             lab = labels[start:stop]
-            summary = summarise(chunk, lab, self._threshold, seq_ids is not None)
-            self._fold_dense(summary, lab, None if seq_ids is None else seq_ids[start:stop])
+            pending.append((start, summarise(chunk, lab, self._threshold, seq_ids is not None)))
+            pending_rows += stop - start
+            # fold several blocks at once: the fold's work over K (bincounts, vector
+            # updates) is then paid once per _FOLD_BYTES of input, not once per block
+            if pending_rows * k * 4 >= _FOLD_BYTES or stop == n:
+                first = pending[0][0]
+                self._fold_dense(
+                    _merge_summaries(pending),
+                    labels[first:stop],
+                    None if seq_ids is None else seq_ids[first:stop],
+                )
+                pending, pending_rows = [], 0
 
     def _fold_dense(self, s: _DenseSummary, labels: np.ndarray, seq_ids) -> None:
         b, k, f = labels.size, self.vocab_size, self.fine_bins
