@@ -85,3 +85,32 @@ def test_interleaved_documents_sum_right(tmp_path):
                 np.testing.assert_array_equal(u, v, err_msg=f"{name}.{col}")
             else:
                 np.testing.assert_allclose(u, v, rtol=0, atol=1e-12, err_msg=f"{name}.{col}")
+
+
+def test_pass_equals_the_sql_definition(tmp_path, case):
+    """Each partial table of the one-pass map equals topk_part_sql run by DuckDB."""
+    import duckdb
+
+    from pipeline.aggregate.sql import sql_str, topk_part_sql
+
+    run = tmp_path / "run"
+    write_run(run, case, k=4, tau=1e-3, shard_rows=200)
+    aggregate([run])
+    part = run / "tables" / "parts" / "00000"
+    pos = sql_str(run / "shards" / "positions-00000.parquet")
+    tail = sql_str(run / "shards" / "class_tail-00000.parquet")
+    keys = {"class_bins": ["class_id", "bin"], "top1_bins": ["bin"], "seq_bins": ["seq_id", "bin"]}
+    con = duckdb.connect()
+    for name, query in topk_part_sql(pos, tail, 1000).items():
+        want = con.sql(query).to_arrow_table().sort_by([(k, "ascending") for k in keys[name]])
+        got = pq.read_table(part / f"{name}.parquet").sort_by(
+            [(k, "ascending") for k in keys[name]]
+        )
+        assert got.num_rows == want.num_rows > 0, name
+        for col in got.column_names:
+            u = got.column(col).to_numpy()
+            v = want.column(col).to_numpy()
+            if np.issubdtype(u.dtype, np.integer):
+                np.testing.assert_array_equal(u, v.astype(u.dtype), err_msg=f"{name}.{col}")
+            else:
+                np.testing.assert_allclose(u, v, rtol=0, atol=1e-12, err_msg=f"{name}.{col}")

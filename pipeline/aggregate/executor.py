@@ -7,12 +7,14 @@ Map then reduce:
   manifest (plus F and the schema version), so a shard already aggregated is
   never read again and a changed shard is re-aggregated;
 
-  - top-k store: the kept entries go through DuckDB as columnar GROUP BYs
-    (out of core under ``memory_limit``; sums in float64). Binning is
-    ``greatest(ceil(CAST(p AS DOUBLE) * F), 1)``, the metric core's
-    ``fine_bin_index``. Per-class tail vectors enter class_bins at fine bin 1
-    (hits 0); per-position tail count/mass enter seq_bins at fine bin 1;
-    top-1 comes from the positions' ``top1_id``/``top1_prob``.
+  - top-k store: one pass per shard (``pipeline.aggregate.topk_pass``): the
+    positions file is decoded once, batch by batch, and a compiled kernel
+    folds every kept entry into all four partial tables and the shard checks
+    (sums in float64). Binning is ``max(ceil(float64(p) * F), 1)``, the
+    metric core's ``fine_bin_index`` (``topk_part_sql`` in ``sql.py`` states
+    the same tables in SQL). Per-class tail vectors enter class_bins at fine
+    bin 1 (hits 0); per-position tail count/mass enter seq_bins at fine bin
+    1; top-1 comes from the positions' ``top1_id``/``top1_prob``.
   - full store: row chunks of the Zarr ``logits`` stream through the metric
     core's dense/sparse split (``CalibrationAccumulator.update_logits`` with
     the stored ``logsumexp``: probability of record = float32
@@ -22,8 +24,8 @@ Map then reduce:
   run, streamed into ``OUT/*.parquet`` plus ``OUT/meta.json`` (the layout of
   ``pipeline.store.tablestore``).
 
-Memory is bounded by DuckDB's limit plus one chunk (full store) or one
-accumulator of K-long vectors, never by N or N x K. No torch here.
+Memory is bounded by DuckDB's limit (reduce) plus one chunk or batch and the
+shard's tables (map), never by N or N x K. No torch here.
 """
 
 from __future__ import annotations

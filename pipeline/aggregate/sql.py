@@ -17,7 +17,12 @@ def bin_sql(expr: str, fine_bins: int) -> str:
 
 
 def topk_part_sql(pos: str, tail: str | None, fine_bins: int) -> dict[str, str]:
-    """SQL of the four partial tables of one top-k shard."""
+    """SQL of the four partial tables of one top-k shard.
+
+    The executor computes the same tables in one compiled pass
+    (``pipeline.aggregate.topk_pass``, several times faster); this is their
+    definition in SQL, for reading and for checking that pass against.
+    """
     kept = (
         f"(SELECT doc_id, label, unnest(kept_ids) AS class_id, unnest(kept_probs) AS p "
         f"FROM read_parquet('{pos}'))"
