@@ -11,8 +11,8 @@ import pytest
 
 from pipeline.aggregate import AggregateError, aggregate, aggregate_runs
 from pipeline.core.accumulator import CalibrationAccumulator
-from pipeline.store.shards import accumulate_kept
 from tests.helpers.analysis_runs import dense_case, write_run
+from tests.helpers.shard_readers import accumulate_kept
 
 
 @pytest.fixture(scope="module")
