@@ -20,6 +20,20 @@ def case():
     return dense_case(200, 30, seed=5, docs=12)
 
 
+def _reseal(run):
+    """Record the rewritten files' sha256 in the manifest, as a (buggy) writer
+    would have: the checksum check passes and the kernel's own checks must fire."""
+    import json
+
+    from pipeline.store.manifest import path_sha256
+
+    path = run / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for shard in manifest["shards"]:
+        shard["files"] = {rel: path_sha256(run / rel) for rel in shard["files"]}
+    path.write_text(json.dumps(manifest))
+
+
 def _rewrite_kept(pos, row, column, value):
     t = pq.read_table(pos)
     lists = t.column(column).to_pylist()
@@ -43,6 +57,7 @@ def test_bad_kept_entry_names_file_and_row(tmp_path, case, column, value, messag
     write_run(run, case, k=3, shard_rows=200)
     pos = run / "shards" / "positions-00000.parquet"
     _rewrite_kept(pos, 7, column, value)
+    _reseal(run)
     with pytest.raises(AggregateError, match=r"positions-00000\.parquet: " + message):
         aggregate([run])
 
@@ -60,6 +75,7 @@ def test_label_kept_twice_is_refused(tmp_path, case):
         t.schema.get_field_index("kept_ids"), "kept_ids", pa.array(ids, pa.list_(pa.int32()))
     )
     pq.write_table(t.cast(t.schema), pos)
+    _reseal(run)
     with pytest.raises(AggregateError, match=r"positions-00000\.parquet: .*label"):
         aggregate([run])
 

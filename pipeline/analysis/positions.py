@@ -96,8 +96,10 @@ class PositionScan:
             self.entropy[1] += float(h.sum())
         else:
             ent = col["entropy"]
-            stored = ent.is_valid().to_numpy(zero_copy_only=False) if ent.null_count else None
             h = ent.to_numpy(zero_copy_only=False).astype(np.float64)
+            # null or NaN (imported dumps store NaN): not determined by the run
+            known = np.isfinite(h)
+            stored = None if bool(known.all()) else known
             if stored is None:
                 self.entropy[0] += float(h.sum())
                 self.entropy[1] += float(h.sum())

@@ -145,9 +145,12 @@ def manifest_shard_problems(run_dir, manifest: dict) -> list[str]:
             problems.append(f"{where}: a shard entry is not an object")
             continue
         idx = shard.get("index")
-        if idx in seen_index:
-            problems.append(f"{where}: shard index {idx} is listed twice")
-        seen_index.add(idx)
+        # torchrun ranks number their shards independently: (rank, index) is the key
+        key_index = (shard.get("rank"), idx)
+        if key_index in seen_index:
+            rank = "" if shard.get("rank") is None else f" of rank {shard.get('rank')}"
+            problems.append(f"{where}: shard index {idx}{rank} is listed twice")
+        seen_index.add(key_index)
         rels = set((shard.get("files") or {}).keys())
         rels |= {shard.get(k) for k in ("positions", "class_tail", "logits") if shard.get(k)}
         for rel in sorted(rels, key=str):
@@ -165,8 +168,14 @@ def manifest_shard_problems(run_dir, manifest: dict) -> list[str]:
             seen_files.setdefault(key, idx)
     ranged = [s for s in shards if isinstance(s, dict) and "doc_start" in s and "doc_end" in s]
     if len(ranged) == len(shards) and ranged:
-        ordered = sorted(ranged, key=lambda s: (s["doc_start"], s["doc_end"]))
+        # torchrun ranks take interleaved documents, so their ranges overlap by
+        # design: ranges are compared within one rank
+        ordered = sorted(
+            ranged, key=lambda s: (s.get("rank") or 0, s["doc_start"], s["doc_end"])
+        )
         for prev, nxt in zip(ordered[:-1], ordered[1:], strict=True):
+            if (prev.get("rank") or 0) != (nxt.get("rank") or 0):
+                continue
             if nxt["doc_start"] < prev["doc_end"]:
                 problems.append(
                     f"{where}: shards {prev.get('index')} and {nxt.get('index')} overlap "
