@@ -38,6 +38,16 @@ TREND_M = 10
 # What the paper reports (quoted in the output next to the measured values).
 PAPER_TABLE1 = {"cw_ece": (40.93, 44.90), "full_ece": (7.56, 8.36)}  # 2B and 7B models, %
 PAPER_NEVER, PAPER_RARE = 0.30, 0.41  # share of the vocabulary seen 0 and 1-10 times
+# The paper's regime (its 7B pre-training, 5,000 test sentences), as the default checks it:
+MIN_TEST_POSITIONS = 100_000
+MIN_CHECKPOINTS = 5
+NEAR_UNIFORM_MAX_PROB = 0.2  # a checkpoint whose largest probability is at most this is
+# still in the near-uniform start of training, where Full-ECE says little
+FINDING_NAMES = {
+    "table1": "Table 1 (stability in M)",
+    "frequency": "token frequency",
+    "trend": "Figure 2 (trend)",
+}
 
 
 class DefaultError(ValueError):
@@ -492,15 +502,80 @@ def format_default(rows: list[dict], verdicts: dict) -> str:
             f"{_f(r['test_loss'], 3):>9}  {_f(b['ece'], 4):>8}  {_f(b['cw_ece']):>10}  "
             f"{_f(b['full_ece'], 4):>8}"
         )
+    regime = regime_of(rows)
+    lines += [
+        "",
+        "5. The paper's regime (single pass, non-degenerate checkpoints, large test split)",
+        "",
+    ]
+    for check in regime["checks"]:
+        lines.append(f"  [{'ok' if check['ok'] else 'NOT MET'}] {check['text']}")
     lines += ["", "Findings of the paper on this model (computed from the numbers above):"]
-    for key, name in (
-        ("table1", "Table 1 (stability in M)"),
-        ("frequency", "token frequency"),
-        ("trend", "Figure 2 (trend)"),
-    ):
+    for key, name in FINDING_NAMES.items():
         v = verdicts[key]
         lines.append(f"  [{v['status']}] {name}: {v['text']}")
     return "\n".join(lines)
+
+
+def regime_of(rows: list[dict]) -> dict:
+    """Whether the runs are in the paper's regime, each condition from the numbers.
+
+    Single pass: no checkpoint has seen more training tokens than the training
+    split holds (``tokens_seen <= train_tokens``, from each checkpoint's
+    training.json). Non-degenerate: the largest predicted probability of every
+    checkpoint exceeds NEAR_UNIFORM_MAX_PROB. Test split: at least
+    MIN_TEST_POSITIONS positions, and at least MIN_CHECKPOINTS checkpoints.
+    """
+    seen = [r["training"].get("tokens_seen") for r in rows]
+    unique = [r["training"].get("train_tokens") for r in rows]
+    known = all(s is not None and u is not None for s, u in zip(seen, unique, strict=True))
+    single = known and all(s <= u for s, u in zip(seen, unique, strict=True))
+    most_seen = max((s for s in seen if s is not None), default=None)
+    train_tokens = next((u for u in reversed(unique) if u is not None), None)
+    positions = rows[0]["metrics"]["positions"]
+    tops = [r.get("max_prob") for r in rows]
+    low = [
+        r["label"]
+        for r, t in zip(rows, tops, strict=True)
+        if t is None or t <= NEAR_UNIFORM_MAX_PROB
+    ]
+    checks = [
+        {
+            "name": "single_pass",
+            "ok": bool(single),
+            "text": (
+                f"single pass: at most {_tokens(most_seen)} training tokens seen, of "
+                f"{_tokens(train_tokens)} unique ones"
+                if known
+                else "single pass: unknown (a checkpoint has no tokens_seen/train_tokens)"
+            ),
+        },
+        {
+            "name": "checkpoints",
+            "ok": len(rows) >= MIN_CHECKPOINTS,
+            "text": f"{len(rows)} checkpoints (at least {MIN_CHECKPOINTS})",
+        },
+        {
+            "name": "non_degenerate",
+            "ok": not low,
+            "text": "largest predicted probability above "
+            f"{NEAR_UNIFORM_MAX_PROB} at every checkpoint (lowest: "
+            f"{min((t for t in tops if t is not None), default=float('nan')):.3f})"
+            + (f"; near-uniform: {', '.join(low)}" if low else ""),
+        },
+        {
+            "name": "test_positions",
+            "ok": positions >= MIN_TEST_POSITIONS,
+            "text": f"{positions:,} test positions (at least {MIN_TEST_POSITIONS:,})",
+        },
+    ]
+    return {
+        "met": all(c["ok"] for c in checks),
+        "single_pass": bool(single),
+        "train_tokens": train_tokens,
+        "max_tokens_seen": most_seen,
+        "checks": checks,
+    }
 
 
 def run_default_metrics(runs_dir="runs", report_dir="report", *, quiet: bool = False) -> dict:
@@ -512,7 +587,31 @@ def run_default_metrics(runs_dir="runs", report_dir="report", *, quiet: bool = F
     verdicts = findings(rows)
     text = format_default(rows, verdicts)
     report = write_report([Path(r["run_dir"]) for r in rows], report_dir, quiet=quiet)
+    regime = regime_of(rows)
     summary = {
+        "train_tokens": regime["train_tokens"],
+        "test_positions": rows[0]["metrics"]["positions"],
+        "vocab_size": rows[0]["metrics"]["vocab_size"],
+        "single_pass": regime["single_pass"],
+        "regime": regime,
+        "checkpoints": [
+            {
+                "name": r["label"],
+                "step": r["training"].get("step"),
+                "tokens_seen": r["training"].get("tokens_seen"),
+                "train_loss": r["training"].get("train_loss"),
+                "test_loss": r["test_loss"],
+                "max_prob": r.get("max_prob"),
+                "ece_m10": _at(r, TREND_M)["ece"],
+                "cw_ece_m10": _at(r, TREND_M)["cw_ece"],
+                "full_ece_m10": _at(r, TREND_M)["full_ece"],
+                "rsd": r["metrics"]["rsd"],
+            }
+            for r in rows
+        ],
+        "verdicts": [
+            {"finding": FINDING_NAMES[key], "key": key, **verdicts[key]} for key in FINDING_NAMES
+        ],
         "runs": [
             {
                 "label": r["label"],
