@@ -3,12 +3,14 @@
 No weights or data sets can be downloaded, so the default makes its own:
 
 ``default extract`` (``make extract``)
-    1. builds the default corpus from the standard library's documentation
-       (``pipeline.demo.corpus``; skipped when it is already there for this Python),
+    1. builds the default corpus from the docstrings of the standard library and of
+       the pinned packages ``make install`` installs (``pipeline.demo.corpus``;
+       skipped when it is already there for this Python and these versions),
        or uses the user's ``train.*``/``test.*`` in ``--corpus-dir`` or the
        files given by ``--train-corpus``/``--test-corpus``;
-    2. trains the tokenizer and the small GPT-2 with log-uniform checkpoints
-       (``pipeline.demo.train``; skipped when they exist, resumed when interrupted);
+    2. trains the tokenizer and the small GPT-2 in a single pass over the training
+       split, with log-uniform checkpoints from T/16 to T (``pipeline.demo.train``;
+       skipped when they exist, resumed when interrupted);
     3. extracts every checkpoint on the test split into ``RUNS_DIR/<checkpoint>``
        (top-k store, k = 64, tau = 1/1000, so every M of the paper is exact;
        a run already complete is skipped, an interrupted one resumes).
@@ -17,8 +19,11 @@ No weights or data sets can be downloaded, so the default makes its own:
     aggregates every run of ``RUNS_DIR`` and prints the metrics at the paper's
     M per checkpoint, the paper's Table 1 (RSD of cw-ECE and Full-ECE over M),
     the token-frequency shares of the test set, the Full-ECE trend across
-    checkpoints (the paper's Figure 2), a verdict per finding computed from
-    these numbers, then writes the HTML report and prints its path.
+    checkpoints (the paper's Figure 2), whether the runs are in the paper's
+    regime (single pass, >= 5 checkpoints past the near-uniform start, >= 100,000
+    test positions), a verdict per finding computed from these numbers, then
+    writes the HTML report and ``report/default_summary.json`` and prints the
+    report's path. docs/default-experiment.md describes it all.
 """
 
 from __future__ import annotations
