@@ -75,6 +75,7 @@ def test_findings_follow_the_numbers():
     assert v["frequency"]["status"] == "reproduced"
     assert v["trend"]["status"] == "reproduced"
     assert v["trend"]["values"] == [0.30, 0.20, 0.10]
+    assert v["table1"]["why"] is None and v["trend"]["why"] is None
     text = format_default(rows, v)
     for needle in ("Table 1", "Token frequency", "Figure 2", "[reproduced]", "RSD cw-ECE"):
         assert needle in text
@@ -87,6 +88,10 @@ def test_findings_follow_the_numbers():
     assert v["table1"]["status"] == "partly reproduced"
     assert v["frequency"]["status"] == "not reproduced"
     assert v["trend"]["status"] == "not reproduced"
+    # why, from the numbers: the checkpoint against, and the first rise
+    assert v["table1"]["why"].startswith("at a, Full-ECE goes from 0.0200 at M = 5")
+    assert v["trend"]["why"].startswith("Full-ECE rises from a to b (0.1000 -> 0.2000)")
+    assert "why: " in format_default(rows, v)
 
     rows = [_row("a", 1, 5.0, 8.0, 0.3), _row("b", 2, 5.0, 8.0, 0.35), _row("c", 3, 5.0, 8.0, 0.1)]
     v = findings(rows)
@@ -118,9 +123,9 @@ def test_regime_checks_follow_the_numbers():
 
 def test_default_schedule_is_single_pass_and_log_uniform_after_the_start():
     steps = checkpoint_steps(DEFAULT_STEPS, DEFAULTS["checkpoints"], DEFAULTS["first_checkpoint"])
-    assert steps == [50, 100, 200, 400, 800]
+    assert steps == [100, 168, 283, 476, 800]  # T/8 ... T
     ratios = [b / a for a, b in zip(steps, steps[1:], strict=False)]
-    assert all(r == pytest.approx(2.0) for r in ratios)  # log-uniform
+    assert all(r == pytest.approx(8 ** (1 / 4), rel=0.01) for r in ratios)  # log-uniform
     assert DEFAULTS["dropout"] == 0.0
 
 

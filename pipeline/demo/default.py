@@ -355,6 +355,7 @@ def findings(rows: list[dict]) -> dict:
     with_rsd = [r for r in rows if r["metrics"].get("rsd")]
     m_min = min((b["M"] for b in rows[0]["metrics"]["bins"]), default=TREND_M)
     judged = [r for r in with_rsd if not saturated(r, m_min)] or with_rsd
+    judged_rsd = judged
     excluded = [r for r in with_rsd if r not in judged]
     lower = [
         r["label"]
@@ -383,6 +384,7 @@ def findings(rows: list[dict]) -> dict:
     shares = {b["range"]: b["share"] for b in tf["buckets"]}
     never, rare = shares.get("0", float("nan")), shares.get("1-10", float("nan"))
     status = "reproduced" if never + rare >= 0.5 else "not reproduced"
+    status_freq = status
     out["frequency"] = {
         "status": status,
         "never": never,
@@ -418,17 +420,61 @@ def findings(rows: list[dict]) -> dict:
                 f"(rises at {ups} of {len(diffs)} steps)"
             ),
         )
+    out["table1"]["why"] = (
+        _why_table1(judged_rsd, lower) if out["table1"]["status"] != "reproduced" else None
+    )
+    out["frequency"]["why"] = (
+        f"the test split's {rows[-1]['metrics']['positions']:,} labels cover "
+        f"{tf['distinct_labels']:,} of the {tf['vocab_size']:,} vocabulary entries"
+        if status_freq != "reproduced"
+        else None
+    )
     out["trend"] = {
         "status": status,
         "values": values,
         "checkpoints": [r["label"] for r in judged],
         "excluded": [r["label"] for r in excluded],
+        "why": _why_trend(judged, values) if status != "reproduced" else None,
         "text": f"Full-ECE (M={TREND_M}) {how}: "
         + " -> ".join(_f(v, 4) for v in values)
         + f"{_excluded_note(excluded, TREND_M)}"
         + " (paper: a consistent decrease over training)",
     }
     return out
+
+
+def _why_table1(judged: list[dict], lower: list[str]) -> str | None:
+    """How Full-ECE and cw-ECE move with M at the last checkpoint where Full-ECE's RSD
+    is not the lower one."""
+    against = [r for r in judged if r["label"] not in lower]
+    if not against:
+        return None
+    r = against[-1]
+    bins = r["metrics"]["bins"]
+    lo, hi = bins[0], bins[-1]
+
+    def move(key):
+        a, b = lo[key], hi[key]
+        return f"{_f(a, 4)} at M = {lo['M']} to {_f(b, 4)} at M = {hi['M']}"
+
+    return (
+        f"at {r['label']}, Full-ECE goes from {move('full_ece')}, cw-ECE from "
+        f"{move('cw_ece')}: on this model Full-ECE depends on M more than cw-ECE does"
+    )
+
+
+def _why_trend(judged: list[dict], values: list[float]) -> str | None:
+    """The first rise of Full-ECE between checkpoints, beside the test loss there."""
+    for i in range(len(values) - 1):
+        if values[i + 1] >= values[i]:
+            a, b = judged[i], judged[i + 1]
+            return (
+                f"Full-ECE rises from {a['label']} to {b['label']} ({_f(values[i], 4)} -> "
+                f"{_f(values[i + 1], 4)}) while the test loss goes {_f(a['test_loss'], 3)} -> "
+                f"{_f(b['test_loss'], 3)} and the largest probability "
+                f"{_f(a.get('max_prob'), 3)} -> {_f(b.get('max_prob'), 3)}"
+            )
+    return None
 
 
 def _at(row: dict, m: int) -> dict:
@@ -519,6 +565,8 @@ def format_default(rows: list[dict], verdicts: dict) -> str:
     for key, name in FINDING_NAMES.items():
         v = verdicts[key]
         lines.append(f"  [{v['status']}] {name}: {v['text']}")
+        if v.get("why"):
+            lines.append(f"      why: {v['why']}")
     return "\n".join(lines)
 
 
