@@ -189,7 +189,7 @@ def test_mini_extract_writes_loadable_checkpoints_and_valid_runs(mini):
 
     root, _, result = mini
     runs = sorted(p for p in (root / "runs").iterdir() if p.is_dir())
-    assert [p.name for p in runs] == ["ckpt-000001", "ckpt-000003", "ckpt-000012"]
+    assert [p.name for p in runs] == ["ckpt-000002", "ckpt-000004", "ckpt-000012"]
     for run in runs:
         ckpt = root / "models" / run.name
         AutoModelForCausalLM.from_pretrained(str(ckpt), local_files_only=True)
@@ -203,7 +203,7 @@ def test_mini_extract_writes_loadable_checkpoints_and_valid_runs(mini):
         assert manifest["m_exact"] is None or manifest["m_exact"] >= max(PAPER_BINS)
     summary = json.loads((root / "runs" / "default.json").read_text())
     assert [r["run"] for r in summary["runs"]] == [str(p) for p in runs]
-    assert summary["training"]["checkpoint_steps"] == [1, 3, 12]
+    assert summary["training"]["checkpoint_steps"] == [2, 4, 12]
 
 
 @pytest.mark.slow
@@ -239,7 +239,7 @@ def test_mini_metrics_json_has_every_paper_m_and_report_exists(mini):
     from pipeline.cli import main
 
     root, _, _ = mini
-    for run in ("ckpt-000001", "ckpt-000012"):
+    for run in ("ckpt-000002", "ckpt-000012"):
         res = CliRunner().invoke(main, ["metrics", str(root / "runs" / run), "--json", "--quiet"])
         assert res.exit_code == 0, res.output
         data = json.loads(res.stdout)
@@ -269,11 +269,11 @@ def test_mini_metrics_json_has_every_paper_m_and_report_exists(mini):
         "Findings of the paper",
     ):
         assert needle in out
-    assert out.index("ckpt-000001") < out.index("ckpt-000003") < out.index("ckpt-000012")
+    assert out.index("ckpt-000002") < out.index("ckpt-000004") < out.index("ckpt-000012")
     report = root / "report" / "report.html"
     assert report.exists() and f"report: {report}" in out
     summary = json.loads((root / "report" / "default_summary.json").read_text())
-    names = ["ckpt-000001", "ckpt-000003", "ckpt-000012"]
+    names = ["ckpt-000002", "ckpt-000004", "ckpt-000012"]
     assert [r["label"] for r in summary["runs"]] == names
     assert set(summary["findings"]) == {"table1", "frequency", "trend"}
     # the keys the issue names, filled from the runs
@@ -282,7 +282,7 @@ def test_mini_metrics_json_has_every_paper_m_and_report_exists(mini):
     manifest = json.loads((root / "runs" / names[0] / "manifest.json").read_text())
     assert summary["test_positions"] == manifest["positions"]
     assert [c["name"] for c in summary["checkpoints"]] == names
-    assert [c["step"] for c in summary["checkpoints"]] == [1, 3, 12]
+    assert [c["step"] for c in summary["checkpoints"]] == [2, 4, 12]
     for c, run in zip(summary["checkpoints"], summary["runs"], strict=True):
         assert {"name", "step", "tokens_seen", "test_loss", "max_prob"} <= set(c)
         assert c["tokens_seen"] == c["step"] * plan["tokens_per_step"] <= summary["train_tokens"]

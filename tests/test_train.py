@@ -90,7 +90,7 @@ def test_checkpoints_load_as_ordinary_hf_directories(trained):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _, _, paths = trained
-    assert [p.name for p in paths] == ["ckpt-000001", "ckpt-000003", "ckpt-000012"]
+    assert [p.name for p in paths] == ["ckpt-000002", "ckpt-000004", "ckpt-000012"]
     for path in paths:
         model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
@@ -133,7 +133,7 @@ def test_interrupted_training_resumes_to_the_same_weights(trained, tmp_path):
     resumed = train_model(
         train_path, models, progress=False, threads=1, log=messages.append, **TINY_TRAIN
     )
-    assert any("resuming from ckpt-000003" in m for m in messages)
+    assert any("resuming from ckpt-000004" in m for m in messages)
     # every file of the checkpoint is byte-identical to the uninterrupted run's
     # (so extraction sees the same model)
     names = sorted(p.name for p in paths[-1].iterdir())
