@@ -9,7 +9,7 @@ No weights or data sets can be downloaded, so the default makes its own:
        or uses the user's ``train.*``/``test.*`` in ``--corpus-dir`` or the
        files given by ``--train-corpus``/``--test-corpus``;
     2. trains the tokenizer and the small GPT-2 in a single pass over the training
-       split, with log-uniform checkpoints from T/16 to T (``pipeline.demo.train``;
+       split, with log-uniform checkpoints from T/8 to T (``pipeline.demo.train``;
        skipped when they exist, resumed when interrupted);
     3. extracts every checkpoint on the test split into ``RUNS_DIR/<checkpoint>``
        (top-k store, k = 64, tau = 1/1000, so every M of the paper is exact;
