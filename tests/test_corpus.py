@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import platform
 import shutil
@@ -10,12 +11,17 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.demo.corpus import (
+    DOC_PACKAGES,
+    TEST_MODULUS,
+    CorpusError,
     build_default_corpus,
     clean_paragraph,
     corpus_is_current,
     cut_long,
     docstrings_of_source,
     is_test,
+    package_source_files,
+    paragraphs_of_files,
     prose_paragraphs,
     split_corpus,
     split_paragraphs,
@@ -111,16 +117,34 @@ def test_split_is_deduplicated_deterministic_and_by_hash():
     assert split_corpus(texts) == (train, test, stats)
 
 
+# A small corpus built by the same code: the standard library plus two packages, split
+# 1 in 10. The real default (all of DOC_PACKAGES, 1 in 16) is built once, below.
+SMALL = dict(packages=("click", "jinja2"), modulus=10)
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus") / "default"
-    return out, build_default_corpus(out)
+    return out, build_default_corpus(out, **SMALL)
+
+
+def test_package_sources_and_workers():
+    version, files = package_source_files("click")
+    assert version == importlib.metadata.version("click")
+    assert files and all(f.suffix == ".py" and f.exists() for f in files)
+    assert files == sorted(files, key=lambda p: p.as_posix())
+    with pytest.raises(CorpusError, match="not installed"):
+        package_source_files("no-such-distribution-here")
+    # the workers change the speed, never the text
+    assert list(paragraphs_of_files(files, 2)) == list(paragraphs_of_files(files, 1))
 
 
 def test_default_corpus_is_deterministic_and_recorded(built):
     out, info = built
     assert not info["skipped"]
     assert info["python"]["version"] == platform.python_version()
+    assert info["packages"] == {p: importlib.metadata.version(p) for p in SMALL["packages"]}
+    assert info["split"]["modulus"] == 10
     files = info["files"]
     n_train, n_test = files["train"]["documents"], files["test"]["documents"]
     assert 0.07 < n_test / (n_train + n_test) < 0.13
@@ -130,8 +154,11 @@ def test_default_corpus_is_deterministic_and_recorded(built):
     assert len(lines) - 1 == n_test
     recorded = json.loads((out / "corpus.json").read_text())
     assert recorded["files"] == files
-    # skipped when present
-    assert build_default_corpus(out)["skipped"]
+    # skipped when present; rebuilt for other sources or another split
+    assert build_default_corpus(out, **SMALL)["skipped"]
+    assert corpus_is_current(out, **SMALL) is not None
+    assert corpus_is_current(out, packages=("click",), modulus=10) is None
+    assert corpus_is_current(out, packages=SMALL["packages"], modulus=16) is None
 
 
 def test_damaged_corpus_is_rebuilt_identically(built, tmp_path):
@@ -139,16 +166,37 @@ def test_damaged_corpus_is_rebuilt_identically(built, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     (copy / "test.txt").write_text("tampered\n")
-    assert corpus_is_current(copy) is None
-    again = build_default_corpus(copy)
+    assert corpus_is_current(copy, **SMALL) is None
+    again = build_default_corpus(copy, **SMALL)
     assert not again["skipped"]
     assert again["files"] == info["files"]  # deterministic for this Python
 
 
-def test_corpus_command(built, tmp_path):
+@pytest.fixture(scope="module")
+def default_built(tmp_path_factory):
+    """The real default corpus (about 15 s on 2 cores)."""
+    out = tmp_path_factory.mktemp("corpus") / "full"
+    return out, build_default_corpus(out)
+
+
+@pytest.mark.slow
+def test_the_default_corpus_is_big_enough_for_a_single_pass(default_built):
+    out, info = default_built
+    assert info["split"]["modulus"] == TEST_MODULUS
+    assert set(info["packages"]) == set(DOC_PACKAGES)
+    assert all(info["packages"][p] == importlib.metadata.version(p) for p in DOC_PACKAGES)
+    files = info["files"]
+    # about 4.2 characters per token with the default tokenizer: >= 100k test
+    # positions and > 1.64M training tokens (DEFAULT_STEPS x 8 x 256) need these
+    assert files["test"]["chars"] > 480_000
+    assert files["train"]["chars"] > 7_500_000
+
+
+@pytest.mark.slow
+def test_corpus_command(default_built, tmp_path):
     from pipeline.cli import main
 
-    out, _ = built
+    out, _ = default_built
     shutil.copytree(out, tmp_path / "c")
     result = CliRunner().invoke(main, ["corpus", "--out", str(tmp_path / "c")])
     assert result.exit_code == 0, result.output

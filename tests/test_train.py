@@ -90,7 +90,7 @@ def test_checkpoints_load_as_ordinary_hf_directories(trained):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _, _, paths = trained
-    assert [p.name for p in paths] == ["ckpt-000001", "ckpt-000004", "ckpt-000012"]
+    assert [p.name for p in paths] == ["ckpt-000002", "ckpt-000004", "ckpt-000012"]
     for path in paths:
         model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)

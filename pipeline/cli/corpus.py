@@ -18,12 +18,14 @@ from pipeline.demo.corpus import build_default_corpus, describe
 )
 @click.option("--force", is_flag=True, help="Rebuild even when an intact corpus is there.")
 def corpus(out_dir, force):
-    """Build the default corpus offline from the standard library's documentation.
+    """Build the default corpus offline from the documentation on disk.
 
-    Docstrings (read with ast, nothing imported) and pydoc_data.topics are
-    cleaned into prose paragraphs, deduplicated and split by a hash of each
-    paragraph into train.txt and test.txt (about 10%), one document per line.
-    corpus.json records the Python version and the files' sha256.
+    Docstrings of the standard library and of the pinned packages `make
+    install` installs (read with ast by 2 processes, nothing imported) and
+    pydoc_data.topics are cleaned into prose paragraphs, deduplicated and split
+    by a hash of each paragraph into train.txt and test.txt (1 in 16), one
+    document per line. corpus.json records the Python and package versions and
+    the files' sha256.
     """
     info = build_default_corpus(out_dir, force=force)
     state = "up to date" if info["skipped"] else f"built in {info['build_seconds']}s"

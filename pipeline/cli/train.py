@@ -67,6 +67,12 @@ from pipeline.demo.train import DEFAULT_STEPS, DEFAULTS, TrainingError, train_mo
     type=click.IntRange(1),
     help="torch CPU threads [default: all cores].",
 )
+@click.option(
+    "--multi-pass",
+    is_flag=True,
+    help="Allow more steps than one pass over the text (tokens seen more than once); "
+    "by default training refuses them.",
+)
 @click.option("--force", is_flag=True, help="Retrain even when checkpoints exist.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(
@@ -85,6 +91,7 @@ def train(
     warmup,
     text_field,
     threads,
+    multi_pass,
     force,
     quiet,
 ):
@@ -117,6 +124,7 @@ def train(
             warmup=warmup,
             text_field=text_field,
             threads=threads,
+            single_pass=not multi_pass,
             force=force,
             progress=not quiet,
         )

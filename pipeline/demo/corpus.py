@@ -1,8 +1,11 @@
-"""The default corpus, built offline from text every Python installation ships.
+"""The default corpus, built offline from text a fresh ``make install`` has on disk.
 
-Sources: the docstrings of the standard library's modules, classes and
-functions (read with ``ast`` from the source files, nothing is imported) and
-``pydoc_data.topics`` (the language reference topics behind ``help()``).
+Sources: the docstrings of the modules, classes and functions of the standard
+library and of the Python packages that ``make install`` installs at the
+versions pinned in ``requirements.lock`` (``DOC_PACKAGES``; read with ``ast``
+from the source files, nothing is imported), and ``pydoc_data.topics`` (the
+language reference topics behind ``help()``). The files are parsed by two
+worker processes; the result does not depend on the number of workers.
 
 Each docstring/topic is cut into paragraphs at blank lines and cleaned into
 prose: doctest sessions, indented literal/code blocks, reST underlines and
@@ -12,9 +15,10 @@ split by a hash of their text: ``sha256(paragraph) mod 10 == 0`` goes to test
 (about 10%), the rest to train. One paragraph is one document, one line of
 ``train.txt`` / ``test.txt``.
 
-The text changes with the Python release (docstrings are edited between patch
-releases), so ``corpus.json`` records the interpreter's version beside the
-sha256 of each file: the corpus is deterministic for a given Python release.
+The text changes with the Python release and with the packages' versions
+(docstrings are edited between releases), so ``corpus.json`` records the
+interpreter's version and every package's version beside the sha256 of each
+file: the corpus is deterministic for a given Python and lock file.
 
 Any other corpus can replace it: ``fullece train`` and ``fullece extract``
 read plain text (one document per line), JSON Lines and Parquet.
@@ -24,7 +28,9 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.metadata
 import json
+import os
 import platform
 import re
 import sys
@@ -37,7 +43,7 @@ from pathlib import Path
 from pipeline.store.atomic import write_bytes, write_json
 from pipeline.store.manifest import file_sha256
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 CORPUS_JSON = "corpus.json"
 TRAIN_FILE = "train.txt"
 TEST_FILE = "test.txt"
@@ -57,6 +63,41 @@ SKIP_DIRS = frozenset(
         "__phello__",
     }
 )
+
+# Distributions whose docstrings join the standard library's (all pinned in
+# requirements.lock, installed by `make install`). Measured on 2 cores: these
+# give about 9M characters of prose in about 11 s of parsing with 2 workers.
+# torch and transformers are left out on purpose: they would add about 11M
+# characters for about 33 s of CPU time, text the single training pass of the
+# default cannot use within its 10-minute budget (docs/default-experiment.md).
+DOC_PACKAGES = (
+    "sympy",
+    "networkx",
+    "matplotlib",
+    "huggingface_hub",
+    "numpy",
+    "polars",
+    "pydantic",
+    "hypothesis",
+    "zarr",
+    "mpmath",
+    "pygments",
+    "rich",
+    "pillow",
+    "duckdb",
+    "fonttools",
+    "click",
+    "jinja2",
+    "anyio",
+    "pyparsing",
+    "packaging",
+    "fsspec",
+    "filelock",
+)
+# Test fraction: sha256(paragraph) mod TEST_MODULUS == 0 -> test. With the
+# sources above, 1/16 of the paragraphs is about 150k test positions.
+TEST_MODULUS = 16
+WORKERS = 2
 
 MIN_WORDS = 6
 MIN_CHARS = 30
@@ -198,18 +239,50 @@ def docstrings_of_source(source: str) -> list[str]:
     return out
 
 
-def stdlib_docstrings(root: Path | None = None) -> Iterator[tuple[str, str]]:
-    """(source name, docstring) for every docstring of the standard library."""
-    root = Path(root) if root is not None else stdlib_dir()
-    for path in stdlib_source_files(root):
-        try:
-            with tokenize.open(path) as f:
-                source = f.read()
-        except (OSError, SyntaxError, UnicodeDecodeError):
+class CorpusError(ValueError):
+    """The default corpus cannot be built (a source package is missing)."""
+
+
+def package_source_files(name: str) -> tuple[str, list[Path]]:
+    """(version, sorted .py files) of an installed distribution, tests skipped."""
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError as err:
+        raise CorpusError(
+            f"package {name!r}, a source of the default corpus, is not installed "
+            "(run `make install`)"
+        ) from err
+    files = []
+    for entry in dist.files or []:
+        rel = Path(str(entry))
+        if rel.suffix != ".py" or rel.name.startswith("test_") or rel.name == "__main__.py":
             continue
-        name = path.relative_to(root).as_posix()
-        for doc in docstrings_of_source(source):
-            yield name, doc
+        if any(p in SKIP_DIRS or p.endswith(".dist-info") or p == ".." for p in rel.parts[:-1]):
+            continue
+        files.append(Path(dist.locate_file(entry)))
+    return dist.version, sorted(files, key=lambda p: p.as_posix())
+
+
+def _paragraphs_of_file(path) -> list[str]:
+    """The cleaned prose paragraphs of every docstring of one source file, in order."""
+    try:
+        with tokenize.open(path) as f:
+            source = f.read()
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return []
+    return [p for doc in docstrings_of_source(source) for p in prose_paragraphs(doc)]
+
+
+def paragraphs_of_files(paths: list[Path], workers: int = WORKERS) -> Iterator[list[str]]:
+    """_paragraphs_of_file for each path, in order, parsed by `workers` processes."""
+    if workers <= 1 or len(paths) < 2:
+        yield from map(_paragraphs_of_file, paths)
+        return
+    from concurrent.futures import ProcessPoolExecutor
+
+    chunk = max(1, len(paths) // (workers * 16))
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        yield from pool.map(_paragraphs_of_file, [str(p) for p in paths], chunksize=chunk)
 
 
 def pydoc_topics() -> Iterator[tuple[str, str]]:
@@ -233,12 +306,19 @@ def split_corpus(
     sources: Iterable[tuple[str, str]], modulus: int = 10
 ) -> tuple[list[str], list[str], dict]:
     """Clean, deduplicate and split; returns (train, test, per-source counts)."""
+    return split_paragraphs_of((prose_paragraphs(text) for _name, text in sources), modulus=modulus)
+
+
+def split_paragraphs_of(
+    groups: Iterable[Iterable[str]], modulus: int = 10
+) -> tuple[list[str], list[str], dict]:
+    """Deduplicate and split cleaned paragraphs, given one group per text, in order."""
     seen: set[str] = set()
     train, test = [], []
     stats = {"texts": 0, "paragraphs": 0, "duplicates": 0}
-    for _name, text in sources:
+    for paragraphs in groups:
         stats["texts"] += 1
-        for paragraph in prose_paragraphs(text):
+        for paragraph in paragraphs:
             stats["paragraphs"] += 1
             if paragraph in seen:
                 stats["duplicates"] += 1
@@ -270,8 +350,22 @@ def _python_identity() -> dict:
     }
 
 
-def corpus_is_current(out_dir) -> dict | None:
-    """The recorded corpus.json if OUT_DIR holds the default corpus of this Python, intact."""
+def package_versions(packages: Iterable[str]) -> dict[str, str | None]:
+    """Installed version of each distribution (None when it is not installed)."""
+    out = {}
+    for name in packages:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def corpus_is_current(
+    out_dir, *, modulus: int = TEST_MODULUS, packages: Iterable[str] = DOC_PACKAGES
+) -> dict | None:
+    """The recorded corpus.json if OUT_DIR holds the default corpus that this Python and
+    these installed packages would build, intact."""
     out_dir = Path(out_dir)
     path = out_dir / CORPUS_JSON
     if not path.exists():
@@ -283,6 +377,10 @@ def corpus_is_current(out_dir) -> dict | None:
     if info.get("builder_version") != BUILDER_VERSION:
         return None
     if info.get("python", {}).get("version") != platform.python_version():
+        return None
+    if info.get("split", {}).get("modulus") != modulus:
+        return None
+    if info.get("packages") != package_versions(packages):
         return None
     for split in ("train", "test"):
         entry = info.get("files", {}).get(split, {})
@@ -305,46 +403,65 @@ def write_corpus(out_dir, train: list[str], test: list[str], info: dict) -> dict
     return info
 
 
-def build_default_corpus(out_dir, *, force: bool = False, modulus: int = 10) -> dict:
+def build_default_corpus(
+    out_dir,
+    *,
+    force: bool = False,
+    modulus: int = TEST_MODULUS,
+    packages: Iterable[str] = DOC_PACKAGES,
+    workers: int = WORKERS,
+) -> dict:
     """Build the default corpus under OUT_DIR (skipped when it is already there).
 
     Returns the corpus.json dict plus absolute ``train_path``/``test_path``
-    and ``skipped`` (True when an intact corpus of this Python was found).
+    and ``skipped`` (True when an intact corpus of this Python and these
+    package versions was found).
     """
     out_dir = Path(out_dir)
-    if not force and modulus == 10:
-        info = corpus_is_current(out_dir)
+    packages = tuple(packages)
+    if not force:
+        info = corpus_is_current(out_dir, modulus=modulus, packages=packages)
         if info is not None:
             return _with_paths(info, out_dir, skipped=True)
     t0 = time.perf_counter()
     root = stdlib_dir()
-    counts = {"stdlib_docstrings": 0, "pydoc_topics": 0}
+    files = stdlib_source_files(root)
+    sources = {"stdlib": {"files": len(files)}}
+    versions = {}
+    for name in packages:
+        version, pkg_files = package_source_files(name)
+        versions[name] = version
+        sources[name] = {"version": version, "files": len(pkg_files)}
+        files += pkg_files
+    workers = max(1, min(workers, os.cpu_count() or 1))
+    topics = list(pydoc_topics())
 
-    def sources():
-        for name, doc in stdlib_docstrings(root):
-            counts["stdlib_docstrings"] += 1
-            yield name, doc
-        for name, doc in pydoc_topics():
-            counts["pydoc_topics"] += 1
-            yield name, doc
+    def groups():
+        yield from paragraphs_of_files(files, workers)
+        for _name, text in topics:
+            yield prose_paragraphs(text)
 
-    train, test, stats = split_corpus(sources(), modulus)
+    train, test, stats = split_paragraphs_of(groups(), modulus)
     info = {
         "builder_version": BUILDER_VERSION,
-        "name": "python-stdlib-docs",
+        "name": "python-docs",
         "python": _python_identity(),
+        "packages": versions,
         "method": (
-            "docstrings of the standard library's modules, classes and functions (ast, "
-            "nothing imported; test_*.py and the directories test, tests, idlelib, tkinter, "
-            "turtledemo skipped) "
-            "+ pydoc_data.topics; paragraphs at blank lines; doctests, indented blocks, reST "
-            f"markup and paragraphs under {MIN_WORDS} words or mostly non-prose dropped; "
-            f"whitespace collapsed; cut at sentence ends above {MAX_CHARS} chars; exact "
-            f"dedup; sha256(paragraph) mod {modulus} == 0 -> test"
+            "docstrings of the modules, classes and functions of the standard library and of "
+            "the packages listed under 'packages' at the recorded versions (ast, nothing "
+            "imported; test_*.py and the directories test, tests, idlelib, tkinter, turtledemo "
+            "skipped) + pydoc_data.topics; paragraphs at blank lines; doctests, indented "
+            "blocks, reST markup and paragraphs under "
+            f"{MIN_WORDS} words or mostly non-prose dropped; whitespace collapsed; cut at "
+            f"sentence ends above {MAX_CHARS} chars; exact dedup in source order (standard "
+            f"library, then the packages in the order listed, then the topics); "
+            f"sha256(paragraph) mod {modulus} == 0 -> test"
         ),
         "sources": {
-            "stdlib_docstrings": counts["stdlib_docstrings"],
-            "pydoc_topics": counts["pydoc_topics"],
+            "files": sources,
+            "source_files": len(files),
+            "pydoc_topics": len(topics),
             "paragraphs": stats["paragraphs"],
             "duplicates_removed": stats["duplicates"],
         },
@@ -353,6 +470,7 @@ def build_default_corpus(out_dir, *, force: bool = False, modulus: int = 10) -> 
             "modulus": modulus,
         },
         "format": "text, one document (paragraph) per line, UTF-8",
+        "workers": workers,
         "build_seconds": None,
     }
     info["build_seconds"] = round(time.perf_counter() - t0, 2)
@@ -372,7 +490,7 @@ def describe(info: dict) -> str:
     tr, te = info["files"]["train"], info["files"]["test"]
     py = info["python"]
     return (
-        f"corpus: Python {py['version']} standard-library docs -> "
+        f"corpus: Python {py['version']} docs + {len(info.get('packages') or {})} packages -> "
         f"train {tr['documents']} docs / {tr['chars'] / 1e6:.2f}M chars, "
         f"test {te['documents']} docs / {te['chars'] / 1e3:.0f}k chars "
         f"(test sha256 {te['sha256'][:12]})"

@@ -7,13 +7,22 @@
   wrapped as a ``PreTrainedTokenizerFast`` with ``<|endoftext|>`` as bos/eos;
   encoding a text prepends ``<|endoftext|>`` (``add_special_tokens=True``).
 * The model is a ``GPT2LMHeadModel`` (default: 2 layers, width 128, 4 heads,
-  context 256, vocabulary 4096, about 1M parameters).
+  context 256, vocabulary 4096, about 1M parameters, no dropout: in a single
+  pass no example is seen twice, so there is nothing to regularise, and
+  dropout cost a quarter of the step time).
 * The documents are packed into one stream, each preceded by ``<|endoftext|>``,
   and cut into blocks of ``context`` tokens; each epoch shifts the cut by a
   seeded offset and visits the blocks in a seeded order, so the batch at any
   step is a pure function of (seed, step).
-* Checkpoints are spread log-uniformly over training (for 5: about
-  1/81, 1/27, 1/9, 1/3 and all of the steps) and saved atomically as ordinary
+* Single pass by default, as in the pre-training the paper follows: training
+  stops with an error before it starts when ``steps x batch`` blocks do not
+  fit in one epoch (no training token is seen twice); ``single_pass=False``
+  (``fullece train --multi-pass``) allows epochs.
+* Checkpoints are spread log-uniformly over training from
+  ``first_checkpoint`` of the steps (default 1/8: T/8 ... T in ratios of
+  8^(1/4) = 1.68 for 5 checkpoints; the model has left its near-uniform start
+  by T/8, while at T/16 its largest probability was still 0.22 and nearly all
+  of its probabilities lay in bin 1 at M = 10) and saved atomically as ordinary
   Hugging Face directories ``DIR/ckpt-000123/`` (model + tokenizer +
   ``training.json`` + ``trainer_state.safetensors``, the optimizer and RNG state).
 * Deterministic for a seed (and a thread count). An interrupted run resumes
@@ -41,20 +50,24 @@ TOKENIZER_DIR = "tokenizer"
 STATE_FILE = "trainer_state.safetensors"
 CKPT_PREFIX = "ckpt-"
 
-# The default experiment's model (issue 5). DEFAULT_STEPS x batch x context
-# tokens: sized so that training takes about 4 minutes on 2 CPU cores.
+# The default experiment's model. DEFAULT_STEPS x batch x context = 1.64M
+# tokens seen once each (the default corpus has about 2.1M training tokens):
+# about 3 minutes at the 9-12k tokens/s measured on 2 idle cores, 4.5 minutes
+# at 6k (docs/default-experiment.md has the budget).
 DEFAULTS = dict(
     vocab_size=4096,
     layers=2,
     width=128,
     heads=4,
     context=256,
-    batch_size=16,
+    batch_size=8,
     lr=3e-3,
     warmup=None,
     weight_decay=0.01,
+    dropout=0.0,
     seed=0,
     checkpoints=5,
+    first_checkpoint=1 / 8,
 )
 DEFAULT_STEPS = 800
 
@@ -143,11 +156,19 @@ def encode_stream(tokenizer, docs: list[str], batch: int = 2048) -> np.ndarray:
 # --------------------------------------------------------------------------- schedule
 
 
-def checkpoint_steps(total_steps: int, n: int) -> list[int]:
-    """n steps spread log-uniformly up to total_steps (ratio 3: T/81, T/27, T/9, T/3, T for 5)."""
+def checkpoint_steps(total_steps: int, n: int, first_fraction: float | None = None) -> list[int]:
+    """n steps spread log-uniformly from first_fraction x total_steps up to total_steps.
+
+    first_fraction None means ratio 3 between checkpoints (T/81, T/27, T/9, T/3, T for 5);
+    1/16 gives T/16, T/8, T/4, T/2, T.
+    """
     if total_steps < 1 or n < 1:
         raise ValueError("total_steps and n must be >= 1")
-    first = max(1.0, total_steps / 3.0 ** (n - 1))
+    if first_fraction is None:
+        first_fraction = 3.0 ** -(n - 1)
+    if not 0 < first_fraction <= 1:
+        raise ValueError("first_fraction must be in (0, 1]")
+    first = max(1.0, total_steps * first_fraction)
     raw = np.geomspace(first, total_steps, n) if n > 1 else np.array([total_steps])
     steps = sorted({max(1, min(total_steps, int(round(s)))) for s in raw})
     steps[-1] = total_steps
@@ -162,9 +183,14 @@ def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
+def blocks_per_epoch(n_tokens: int, context: int) -> int:
+    """Disjoint blocks of `context` tokens one epoch visits (room left for its offset)."""
+    return (n_tokens - context) // context
+
+
 def batch_blocks(n_tokens: int, context: int, batch_size: int, step: int, seed: int):
     """(start offsets) of the `batch_size` blocks of 0-based `step`: pure in (seed, step)."""
-    n_blocks = (n_tokens - context) // context  # leave room for any epoch offset
+    n_blocks = blocks_per_epoch(n_tokens, context)
     if n_blocks < 1:
         raise TrainingError(f"corpus too small: {n_tokens} tokens for context {context}")
     starts = np.empty(batch_size, dtype=np.int64)
@@ -240,6 +266,9 @@ def train_model(
     lr: float = DEFAULTS["lr"],
     warmup: int | None = DEFAULTS["warmup"],
     weight_decay: float = DEFAULTS["weight_decay"],
+    dropout: float = DEFAULTS["dropout"],
+    first_checkpoint: float = DEFAULTS["first_checkpoint"],
+    single_pass: bool = True,
     text_field: str = "text",
     threads: int | None = None,
     force: bool = False,
@@ -268,9 +297,11 @@ def train_model(
         lr=lr,
         warmup=warmup,
         weight_decay=weight_decay,
+        dropout=dropout,
         seed=seed,
+        single_pass=single_pass,
     )
-    ckpts = checkpoint_steps(steps, checkpoints)
+    ckpts = checkpoint_steps(steps, checkpoints, first_checkpoint)
     plan = _plan(corpus_path, settings, steps, ckpts, text_field)
 
     plan_path = out_dir / PLAN_FILE
@@ -316,6 +347,17 @@ def train_model(
     stream = encode_stream(tokenizer, docs)
     plan["corpus"].update(documents=len(docs), tokens=int(stream.size))
     plan["tokenizer_seconds"] = round(t_tok, 2)
+    tokens_seen = steps * batch_size * context
+    fit = blocks_per_epoch(stream.size, context) // batch_size
+    plan["tokens_seen"] = tokens_seen
+    plan["epochs"] = round(tokens_seen / stream.size, 4)
+    if single_pass and steps > fit:
+        raise TrainingError(
+            f"single pass: {corpus_path.name} has {stream.size:,} tokens, "
+            f"{blocks_per_epoch(stream.size, context):,} blocks of {context}; at most {fit} "
+            f"steps of {batch_size} blocks see no token twice, not {steps} (lower the steps, "
+            "give more text, or allow repeats with --multi-pass)"
+        )
     write_json(plan_path, plan)
     log(
         f"train: {len(docs)} documents, {stream.size} tokens (tokenizer {len(tokenizer)} "
@@ -369,6 +411,7 @@ def train_model(
                 {
                     "step": step + 1,
                     "tokens_seen": (step + 1) * batch_size * context,
+                    "train_tokens": int(stream.size),
                     "epochs": round((step + 1) * batch_size * context / stream.size, 3),
                     "train_loss": round(loss_ema, 5),
                     "lr": optimizer.param_groups[0]["lr"],
@@ -403,6 +446,9 @@ def _make_model(tokenizer, settings: dict, torch):
         n_head=settings["heads"],
         bos_token_id=eot,
         eos_token_id=eot,
+        resid_pdrop=settings.get("dropout", 0.1),
+        embd_pdrop=settings.get("dropout", 0.1),
+        attn_pdrop=settings.get("dropout", 0.1),
     )
     model = GPT2LMHeadModel(config)
     model.loss_type = "ForCausalLM"  # the standard shifted cross-entropy (silences a warning)
