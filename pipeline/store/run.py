@@ -170,9 +170,7 @@ def manifest_shard_problems(run_dir, manifest: dict) -> list[str]:
     if len(ranged) == len(shards) and ranged:
         # torchrun ranks take interleaved documents, so their ranges overlap by
         # design: ranges are compared within one rank
-        ordered = sorted(
-            ranged, key=lambda s: (s.get("rank") or 0, s["doc_start"], s["doc_end"])
-        )
+        ordered = sorted(ranged, key=lambda s: (s.get("rank") or 0, s["doc_start"], s["doc_end"]))
         for prev, nxt in zip(ordered[:-1], ordered[1:], strict=True):
             if (prev.get("rank") or 0) != (nxt.get("rank") or 0):
                 continue
