@@ -79,6 +79,10 @@ def topk_shard(n, K, k, seed, row0):
             "tail_count": pa.array(np.full(n, K - k, np.int32)),
             "tail_mass": pa.array(tail_mass),
             "tail_max": pa.array(np.minimum(probs[:, -1], np.float32(1e-3))),
+            # kept squares + the tail spread evenly (positions v2)
+            "sum_p2": pa.array(
+                np.square(probs, dtype=np.float64).sum(1) + tail_mass**2 / max(K - k, 1)
+            ),
         }
     ).cast(POSITIONS)
     kept_per_class = np.bincount(ids.ravel(), minlength=K)
@@ -119,7 +123,7 @@ def make_topk_run(run_dir: Path, n: int, K: int, k: int, shard_rows: int = SHARD
                 "tail_max": 1e-3,
                 **names,
                 "logits": None,
-                "files": {rel: f"size:{(run_dir / rel).stat().st_size}" for rel in names.values()},
+                "files": {rel: path_sha256(run_dir / rel) for rel in names.values()},
             }
         )
     _manifest(run_dir, "topk", K, shards, n, 1e-3)
@@ -345,7 +349,7 @@ def linked_run(src: Path, dst: Path, shards: int) -> Path:
             | names
             | {
                 "index": index,
-                "files": {rel: f"size:{(dst / rel).stat().st_size}" for rel in names.values()},
+                "files": {rel: path_sha256(dst / rel) for rel in names.values()},
             }
         )
     manifest["shards"] = entries

@@ -236,3 +236,47 @@ def test_cli(tmp_path, case):
     assert "600 positions" in res.output
     res = CliRunner().invoke(aggregate_command, [str(tmp_path / "missing")])
     assert res.exit_code != 0 and "missing" in res.output
+
+
+def _force_map_workers(monkeypatch, workers):
+    import pipeline.aggregate.executor as agg
+
+    original = agg._map_topk_shards
+    monkeypatch.setattr(
+        agg,
+        "_map_topk_shards",
+        lambda todo, fine_bins, bar, _w: original(todo, fine_bins, bar, workers),
+    )
+
+
+def test_parallel_map_equals_serial(tmp_path, case, monkeypatch):
+    """Shards mapped by several threads at once give the serial map's tables:
+    counts identical, sums within 1e-12 (only the order of float additions may differ)."""
+    run = tmp_path / "run"
+    manifest = write_run(run, case, store="topk", k=5, shard_rows=90)  # 7 shards
+    assert len(manifest["shards"]) == 7
+    _force_map_workers(monkeypatch, 1)
+    serial = aggregate_runs([run], out=tmp_path / "serial")
+    _force_map_workers(monkeypatch, 4)
+    parallel = aggregate_runs([run], out=tmp_path / "parallel")
+    assert_tables_equal(serial, parallel)
+    assert_tables_equal(parallel, core_tables(run, manifest))  # and both the core's
+
+
+def test_parallel_map_error_names_its_shard(tmp_path, case, monkeypatch):
+    run = tmp_path / "run"
+    write_run(run, case, store="topk", k=3, shard_rows=100)
+    pos = run / "shards" / "positions-00003.parquet"
+    t = pq.read_table(pos)
+    probs = t.column("kept_probs").combine_chunks()
+    values = probs.values.to_numpy().copy()
+    values[0] = 1.5  # a kept probability outside [0, 1]
+    bad = pa.ListArray.from_arrays(probs.offsets, pa.array(values, probs.type.value_type))
+    t = t.set_column(t.schema.get_field_index("kept_probs"), "kept_probs", bad)
+    pq.write_table(t.cast(t.schema), pos)
+    manifest = json.loads((run / "manifest.json").read_text())  # as a faulty extractor would
+    manifest["shards"][3]["files"]["shards/positions-00003.parquet"] = path_sha256(pos)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    _force_map_workers(monkeypatch, 3)
+    with pytest.raises(AggregateError, match="positions-00003.parquet: row 0: kept probability"):
+        aggregate([run], progress=False)

@@ -314,10 +314,12 @@ def build_parts(
     *,
     progress: bool = True,
     parts_base: Path | None = None,
+    workers: int | None = None,
 ):
     """Map step: (re)compute the partial tables of every shard whose key changed.
 
     Returns [(run, shard, part_dir, part_meta)] and how many shards were read.
+    Top-k shards are mapped `workers` at a time (default: one per core).
     """
     todo, done = [], []
     for run in runs:
@@ -332,22 +334,61 @@ def build_parts(
     if not todo:
         return done, 0
     total = sum(s.rows for _, s, _ in todo)
-    con = None
+    topk = [t for t in todo if t[1].store == "topk"]
+    metas = {}
     with _progress(total, "aggregate", progress) as bar:
-        for run, shard, part_dir in todo:
-            check_shard(shard)  # checksums, schemas, rows: nothing unverified is read
-            if shard.store == "topk":
-                if con is None:
-                    con = _connect(memory_limit, temp_dir)
-                meta = _aggregate_topk_shard(con, shard, part_dir, fine_bins)
-                bar.update(shard.rows)
-            else:
+        for _run, shard, part_dir in todo:
+            if shard.store != "topk":
+                check_shard(shard)  # checksums, schemas, rows: nothing unverified is read
                 meta = _aggregate_full_shard(shard, part_dir, fine_bins, bar)
-            meta = _seal_part(part_dir, meta)
-            done.append((run, shard, part_dir, meta))
-    if con is not None:
-        con.close()
+                metas[part_dir] = _seal_part(part_dir, meta)
+        metas.update(_map_topk_shards(topk, fine_bins, bar, workers))
+    done.extend((run, shard, part_dir, metas[part_dir]) for run, shard, part_dir in todo)
     return done, len(todo)
+
+
+def _map_topk_one(shard: Shard, part_dir: Path, fine_bins: int) -> dict:
+    check_shard(shard)  # checksums, schemas, rows: nothing unverified is read
+    meta = _aggregate_topk_shard(None, shard, part_dir, fine_bins)
+    return _seal_part(part_dir, meta)
+
+
+def _map_topk_shards(todo, fine_bins: int, bar, workers: int | None) -> dict:
+    """Map top-k shards, `workers` at a time (default: one per core).
+
+    The kernel is compiled ``nogil`` and pyarrow decodes without the GIL, so
+    threads run the shards truly in parallel; each holds one batch (plus the one
+    being decoded) and its own tables, so memory grows with the workers, never
+    with the shards. The first failing shard (in shard order) raises its own
+    error, which names its file; the shards not yet started are cancelled.
+    """
+    workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
+    if workers == 1:
+        metas = {}
+        for _, shard, part_dir in todo:
+            metas[part_dir] = _map_topk_one(shard, part_dir, fine_bins)
+            bar.update(shard.rows)
+        return metas
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="aggregate-map") as pool:
+        futures = {pool.submit(_map_topk_one, s, p, fine_bins): s for _, s, p in todo}
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            bar.update(sum(futures[f].rows for f in finished if f.exception() is None))
+            if any(f.exception() is not None for f in finished):
+                for future in pending:
+                    future.cancel()
+                wait(pending)
+                break
+        for future in futures:  # the first failing shard in shard order raises, as serially
+            if future.done() and not future.cancelled() and future.exception() is not None:
+                raise future.exception()
+        return {
+            part_dir: future.result()
+            for (_, _, part_dir), future in zip(todo, futures, strict=True)
+        }
 
 
 # ------------------------------------------------------------------ reduce
@@ -364,6 +405,7 @@ def _reduce(
         return f"read_parquet([{lst}])"
 
     out.mkdir(parents=True, exist_ok=True)
+
     for name in TABLE_NAMES:
         _write_query(
             con, reduce_sql(name, files(name), k), out / f"{name}.parquet", TABLE_SCHEMAS[name]
