@@ -399,9 +399,7 @@ def bench_scale(data: Path, s: dict) -> dict:
         tables = run_dir / "tables"
         tables.mkdir(exist_ok=True)
         t0 = time.perf_counter()
-        parts, _ = executor.build_parts(
-            runs, None, DEFAULT_FINE_BINS_, "1GB", tables, progress=False
-        )
+        parts, _ = executor.build_parts(runs, None, DEFAULT_FINE_BINS_, progress=False)
         t_map = time.perf_counter() - t0
         part_rows = sum(
             pq.read_metadata(p / f"{name}.parquet").num_rows

@@ -48,13 +48,10 @@ from pipeline.store.run import (
     AggregateError,
     Run,
     Shard,
-    check_class_tail,
-    check_positions,
     check_shard,
     iter_logit_blocks,
     open_run,
     open_runs,
-    open_zarr,
 )
 from pipeline.store.schema import (
     CLASS_BINS,
@@ -125,8 +122,8 @@ def _aggregate_topk_shard(
 
     from pipeline.aggregate.topk_pass import BATCH_ROWS, KeptEntryError, TopkShardPass
 
-    pos_path = check_positions(shard)
-    tail_path = check_class_tail(shard)
+    check_shard(shard)  # checksums, schemas, rows: nothing unverified is read
+    pos_path, tail_path = shard.path("positions"), shard.path("class_tail")
     k = shard.vocab_size
     state = TopkShardPass(vocab_size=k, fine_bins=fine_bins)
     columns = [
@@ -203,8 +200,8 @@ def _aggregate_full_shard(shard: Shard, part_dir: Path, fine_bins: int, bar=None
     from pipeline.core.accumulator import CalibrationAccumulator
     from pipeline.core.checks import InputError
 
-    pos_path = check_positions(shard)
-    zpath, _, _ = open_zarr(shard)
+    check_shard(shard)  # checksums, schemas, shapes: nothing unverified is read
+    pos_path, zpath = shard.path("positions"), shard.path("logits")
     cols = pq.read_table(str(pos_path), columns=["doc_id", "label"])
     doc_ids = cols.column("doc_id").to_numpy()
     labels = cols.column("label").to_numpy()
@@ -314,8 +311,6 @@ def build_parts(
     runs: list[Run],
     out: Path | None,
     fine_bins: int,
-    memory_limit: str,
-    temp_dir: Path,
     *,
     progress: bool = True,
     parts_base: Path | None = None,
@@ -344,7 +339,6 @@ def build_parts(
     with _progress(total, "aggregate", progress) as bar:
         for _run, shard, part_dir in todo:
             if shard.store != "topk":
-                check_shard(shard)  # checksums, schemas, rows: nothing unverified is read
                 meta = _aggregate_full_shard(shard, part_dir, fine_bins, bar)
                 metas[part_dir] = _seal_part(part_dir, meta)
         metas.update(_map_topk_shards(topk, fine_bins, bar, workers))
@@ -353,7 +347,6 @@ def build_parts(
 
 
 def _map_topk_one(shard: Shard, part_dir: Path, fine_bins: int, decode_threads: bool) -> dict:
-    check_shard(shard)  # checksums, schemas, rows: nothing unverified is read
     meta = _aggregate_topk_shard(None, shard, part_dir, fine_bins, decode_threads=decode_threads)
     return _seal_part(part_dir, meta)
 
@@ -508,9 +501,7 @@ def aggregate(
     temp_dir = scratch_dir(out)
     parts_base = None if keep_parts else temp_dir / "parts"
     try:
-        parts, _ = build_parts(
-            runs, out, fine_bins, memory_limit, temp_dir, progress=progress, parts_base=parts_base
-        )
+        parts, _ = build_parts(runs, out, fine_bins, progress=progress, parts_base=parts_base)
         meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir)
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)

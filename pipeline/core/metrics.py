@@ -492,17 +492,12 @@ def tail_entropy_bounds(tail_count, tail_mass, tail_max):
 
 
 def _dense_rows(probs, labels):
-    from pipeline.core.checks import InputError
+    from pipeline.core.checks import InputError, check_labels, to_numpy
 
-    p = probs.detach().cpu().numpy() if hasattr(probs, "detach") else np.asarray(probs)
-    y = labels.detach().cpu().numpy() if hasattr(labels, "detach") else np.asarray(labels)
+    p = to_numpy(probs)
     if p.ndim != 2:
         raise InputError(f"probabilities must be 2-D [n, K], got shape {p.shape}")
-    y = y.astype(np.int64).reshape(-1)
-    if y.shape[0] != p.shape[0]:
-        raise InputError(f"{p.shape[0]} rows of probabilities but {y.shape[0]} labels")
-    if y.size and (y.min() < 0 or y.max() >= p.shape[1]):
-        raise InputError(f"labels must lie in [0, {p.shape[1]})")
+    y = check_labels(to_numpy(labels).reshape(-1), p.shape[0], p.shape[1])
     return p.astype(np.float32, copy=False), y
 
 
@@ -536,8 +531,10 @@ def brier(probs, labels) -> float:
 
 def entropy(probs, labels=None) -> float:
     """Mean predictive entropy in nats."""
-    p = probs.detach().cpu().numpy() if hasattr(probs, "detach") else np.asarray(probs)
-    return float(_neg_xlogx(p.astype(np.float32).astype(np.float64)).sum(axis=1).mean())
+    from pipeline.core.checks import to_numpy
+
+    p = to_numpy(probs).astype(np.float32)
+    return float(_neg_xlogx(p.astype(np.float64)).sum(axis=1).mean())
 
 
 def adaptive_ece(probs, labels, n_bins: int = 10) -> float:
