@@ -245,7 +245,7 @@ def _force_map_workers(monkeypatch, workers):
     monkeypatch.setattr(
         agg,
         "_map_topk_shards",
-        lambda todo, fine_bins, bar, _w: original(todo, fine_bins, bar, workers),
+        lambda todo, fine_bins, bar, _w, *kept: original(todo, fine_bins, bar, workers, *kept),
     )
 
 

@@ -9,19 +9,28 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-OK, BAD_ID, BAD_PROB, GROW = 0, 1, 2, 3
+OK, BAD_ID, BAD_PROB, GROW, FULL = 0, 1, 2, 3, 4
 EMPTY = np.iinfo(np.int64).min  # key of a free slot
 
 _njit = numba.njit(cache=True, nogil=True)
-_OK, _BAD_ID, _BAD_PROB, _GROW, _EMPTY = OK, BAD_ID, BAD_PROB, GROW, EMPTY
+_OK, _BAD_ID, _BAD_PROB, _GROW, _FULL, _EMPTY = OK, BAD_ID, BAD_PROB, GROW, FULL, EMPTY
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def hash_of(key, mask):
+    # splitmix64's finaliser: every key bit reaches the low bits (the class
+    # sits in the high half of a class key, the bin in the low half)
+    x = np.uint64(key)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return np.int64((x ^ (x >> np.uint64(31))) & np.uint64(mask))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def slot_of(slots, count, key):
     # open addressing, linear probing; one slot = one row of `slots`
     mask = slots.shape[0] - 1
-    x = np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)
-    h = np.int64((x ^ (x >> np.uint64(29))) & np.uint64(mask))
+    h = hash_of(key, mask)
     while True:
         k = slots[h, 0]
         if k == key:
@@ -42,26 +51,103 @@ def rehash(slots, bigger, count):
             bigger[t, 1:] = slots[s, 1:]
 
 
+# ---- class table: one hash region per class partition -----------------------
+# A kept entry's (class, bin) group is random in the class table; probed in
+# arrival order, nearly every probe is a cache miss. Entries are therefore
+# buffered, ordered by class partition (class & (parts - 1)), and inserted one
+# partition at a time into that partition's own region of the table, which
+# fits the core's L2 cache (region size 2^region_bits slots).
+
+
+@_njit
+def partition(keys, probs, hits, n, counts, out_keys, out_probs, out_hits, starts):
+    """Counting sort of the first n buffered entries by class partition
+    (`counts`: entries per partition, counted by `batch`; reset here)."""
+    parts = counts.size
+    starts[0] = 0
+    for q in range(parts):
+        starts[q + 1] = starts[q] + counts[q]
+    fill = starts[:parts].copy()
+    counts[:] = 0
+    for e in range(n):
+        q = (keys[e] >> 32) & (parts - 1)
+        d = fill[q]
+        fill[q] = d + 1
+        out_keys[d] = keys[e]
+        out_probs[d] = probs[e]
+        out_hits[d] = hits[e]
+
+
+@_njit
+def insert(keys, probs, hits, starts, first, start, region_bits, c_int, c_float, counts):
+    """Sum the ordered entries of partitions first.. (from entry `start`) into
+    their regions; (GROW, partition, entry) when an entry would fill its
+    region past half (grow, then call again from there)."""
+    mask = (np.int64(1) << region_bits) - 1
+    half = np.int64(1) << (region_bits - 1)
+    for q in range(first, starts.size - 1):
+        base = np.int64(q) << region_bits
+        for e in range(max(start, starts[q]), starts[q + 1]):
+            key = keys[e]
+            h = hash_of(key, mask)
+            while True:
+                s = base + h
+                k = c_int[s, 0]
+                if k == key:
+                    break
+                if k == _EMPTY:
+                    if counts[q] >= half:
+                        return _GROW, q, e
+                    c_int[s, 0] = key
+                    counts[q] += 1
+                    break
+                h = (h + 1) & mask
+            c_int[s, 1] += 1
+            c_int[s, 2] += hits[e]
+            c_float[s, 3] += np.float64(probs[e])
+    return _OK, 0, 0
+
+
+@_njit
+def rehash_regions(slots, bigger, counts, parts, region_bits):
+    mask = (np.int64(1) << region_bits) - 1
+    counts[:] = 0
+    for s in range(slots.shape[0]):
+        key = slots[s, 0]
+        if key == _EMPTY:
+            continue
+        q = (key >> 32) & (parts - 1)
+        base = q << region_bits
+        h = hash_of(key, mask)
+        while bigger[base + h, 0] != _EMPTY:
+            h = (h + 1) & mask
+        bigger[base + h, :] = slots[s, :]
+        counts[q] += 1
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
-def touch(doc_bins, touched, b):
-    if doc_bins[b, 7] == 0:
-        doc_bins[b, 7] = 1
+def touch(marked, touched, b):
+    if marked[b] == 0:
+        marked[b] = 1
         touched[0] += 1
         touched[touched[0]] = b
 
 
 @_njit
-def flush(doc_bins, doc_floats, touched, current, s_int, s_float, s_count, stride):
+def flush(doc_int, doc_float, marked, touched, current, s_int, s_float, s_count, stride):
     """Move the current document's bins into the seq table (one insert per bin)."""
     base = current[0] * stride
     for t in range(1, touched[0] + 1):
         b = touched[t]
         s = slot_of(s_int, s_count, base + b)
-        for col in range(1, 5):
-            s_int[s, col] += doc_bins[b, col]
-        s_float[s, 5] += doc_floats[b, 5]
-        s_float[s, 6] += doc_floats[b, 6]
-        doc_bins[b, :] = 0
+        for col in range(4):
+            s_int[s, col + 1] += doc_int[col, b]
+            doc_int[col, b] = 0
+        s_float[s, 5] += doc_float[0, b]
+        s_float[s, 6] += doc_float[1, b]
+        doc_float[0, b] = 0.0
+        doc_float[1, b] = 0.0
+        marked[b] = 0
     touched[0] = 0
 
 
@@ -70,31 +156,36 @@ def batch(
     start, ids, probs, offsets, labels, docs, tail_count, tail_mass, top1_bin, top1_prob,
     top1_ok, vocab, fine_bins, threshold,
     bin1_n, bin1_p, bin1_hits, kept_n, p_mass, label_hits,
-    c_int, c_float, c_count, s_int, s_float, s_count,
-    doc_bins, doc_floats, touched, current,
+    buf_keys, buf_probs, buf_hits, buf_n, part_counts, s_int, s_float, s_count,
+    doc_int, doc_float, marked, touched, current,
 ):  # fmt: skip
     """Fold rows start.. of one batch in. Returns (code, row): _GROW asks the
-    caller to enlarge the hash tables and call again from that row.
+    caller to enlarge the seq table, _FULL to empty the entry buffer (see
+    `partition`/`insert`), then to call again from that row.
 
-    Slot columns: class [key, n, hits, p_sum]; seq [key, n, hits, top1_n,
-    correct, p_sum, conf_sum, -]; key = id * (F + 1) + bin. The current
-    document's seq bins are summed in `doc_bins` (dense over bins, same
-    columns, column 7 marks a touched bin) and enter the seq table when the
-    document changes (rows of a document are consecutive in a shard; if not,
-    it still sums right, with more inserts). current = [doc, active].
+    Entries above bin 1 are appended to the buffer (key = id << 32 | bin,
+    probability, hit) for the class table (columns [key, n, hits, p_sum]),
+    counted per class partition (id & (parts - 1)).
+    Seq slot columns: [key, n, hits, top1_n, correct, p_sum, conf_sum, -]
+    with key = doc_id * (F + 1) + bin. The current document's seq bins are
+    summed in `doc_int` (rows n, hits, top1_n, correct) and `doc_float` (rows
+    p_sum, conf_sum), dense over bins, `touched` listing the bins used, and
+    enter the seq table when the document changes (rows of a document are
+    consecutive in a shard; if not, it still sums right, with more inserts).
+    current = [doc, active].
     """
     stride = fine_bins + 1
+    parts_mask = part_counts.size - 1
     for i in range(start, labels.size):
         lo, hi = offsets[i], offsets[i + 1]
-        if (
-            2 * (c_count[0] + hi - lo) > c_int.shape[0]
-            or 2 * (s_count[0] + stride) > s_int.shape[0]
-        ):
+        if 2 * (s_count[0] + stride) > s_int.shape[0]:
             return _GROW, i
+        if buf_n[0] + hi - lo > buf_keys.size:
+            return _FULL, i
         doc = docs[i]
         if current[1] == 0 or doc != current[0]:
             if current[1]:
-                flush(doc_bins, doc_floats, touched, current, s_int, s_float, s_count, stride)
+                flush(doc_int, doc_float, marked, touched, current, s_int, s_float, s_count, stride)
             current[0] = doc
             current[1] = 1
         label = labels[i]
@@ -102,6 +193,7 @@ def batch(
         p1 = 0.0
         h1 = 0
         hits = 0
+        e = buf_n[0]
         for j in range(lo, hi):
             c = ids[j]
             v = probs[j]
@@ -123,24 +215,90 @@ def batch(
                 h1 += hit
             else:
                 b = np.int64(np.ceil(v64 * fine_bins))
-                s = slot_of(c_int, c_count, np.int64(c) * stride + b)
-                c_int[s, 1] += 1
-                c_int[s, 2] += hit
-                c_float[s, 3] += v64
-                touch(doc_bins, touched, b)
-                doc_bins[b, 1] += 1
-                doc_bins[b, 2] += hit
-                doc_floats[b, 5] += v64
+                buf_keys[e] = (np.int64(c) << 32) | b
+                buf_probs[e] = v
+                buf_hits[e] = hit
+                e += 1
+                part_counts[c & parts_mask] += 1
+                touch(marked, touched, b)
+                doc_int[0, b] += 1
+                doc_int[1, b] += hit
+                doc_float[0, b] += v64
+        buf_n[0] = e
         label_hits[i] = hits
         tc = tail_count[i]
         if n1 + tc > 0:
-            touch(doc_bins, touched, 1)
-            doc_bins[1, 1] += n1 + tc
-            doc_bins[1, 2] += h1
-            doc_floats[1, 5] += p1 + tail_mass[i]
+            touch(marked, touched, 1)
+            doc_int[0, 1] += n1 + tc
+            doc_int[1, 1] += h1
+            doc_float[0, 1] += p1 + tail_mass[i]
         b = top1_bin[i]
-        touch(doc_bins, touched, b)
-        doc_bins[b, 3] += 1
-        doc_bins[b, 4] += top1_ok[i]
-        doc_floats[b, 6] += np.float64(top1_prob[i])
+        touch(marked, touched, b)
+        doc_int[2, b] += 1
+        doc_int[3, b] += top1_ok[i]
+        doc_float[1, b] += np.float64(top1_prob[i])
     return _OK, -1
+
+
+@_njit
+def class_rows_sorted(slots, bin1_classes, vocab, fine_bins):
+    """The class table's used rows plus one zero row (class, bin 1) per class
+    in `bin1_classes`, in (class, bin) order: two counting sorts (by bin, then
+    stably by class). Key = class << 32 | bin."""
+    n = bin1_classes.size
+    for s in range(slots.shape[0]):
+        if slots[s, 0] != _EMPTY:
+            n += 1
+    keys = np.empty(n, np.int64)
+    where = np.empty(n, np.int64)  # slot, or -1 for a bin-1 row
+    e = 0
+    for c in bin1_classes:
+        keys[e] = (np.int64(c) << 32) | 1
+        where[e] = -1
+        e += 1
+    for s in range(slots.shape[0]):
+        if slots[s, 0] != _EMPTY:
+            keys[e] = slots[s, 0]
+            where[e] = s
+            e += 1
+    by_bin = np.zeros(fine_bins + 2, np.int64)
+    for e in range(n):
+        by_bin[(keys[e] & 0xFFFFFFFF) + 1] += 1
+    for b in range(fine_bins + 1):
+        by_bin[b + 1] += by_bin[b]
+    first = np.empty(n, np.int64)
+    for e in range(n):
+        b = keys[e] & 0xFFFFFFFF
+        first[by_bin[b]] = e
+        by_bin[b] += 1
+    by_class = np.zeros(vocab + 1, np.int64)
+    for e in range(n):
+        by_class[(keys[e] >> 32) + 1] += 1
+    for c in range(vocab):
+        by_class[c + 1] += by_class[c]
+    out = np.zeros((n, slots.shape[1]), np.int64)
+    for e in first:
+        c = keys[e] >> 32
+        r = by_class[c]
+        by_class[c] = r + 1
+        if where[e] >= 0:
+            out[r, :] = slots[where[e], :]
+        else:
+            out[r, 0] = keys[e]
+    return out
+
+
+@_njit
+def used_rows(slots):
+    """The used slots' rows, in slot order."""
+    n = 0
+    for s in range(slots.shape[0]):
+        if slots[s, 0] != _EMPTY:
+            n += 1
+    out = np.empty((n, slots.shape[1]), np.int64)
+    e = 0
+    for s in range(slots.shape[0]):
+        if slots[s, 0] != _EMPTY:
+            out[e, :] = slots[s, :]
+            e += 1
+    return out

@@ -108,7 +108,13 @@ def _write_query(con, query: str, path: Path, schema: pa.Schema) -> int:
 
 
 def _aggregate_topk_shard(
-    con, shard: Shard, part_dir: Path, fine_bins: int, *, decode_threads: bool = True
+    con,
+    shard: Shard,
+    part_dir: Path,
+    fine_bins: int,
+    *,
+    decode_threads: bool = True,
+    kept: PartCache | None = None,
 ) -> dict:
     """Map one top-k shard to its partial tables in ONE pass over its kept entries.
 
@@ -179,12 +185,15 @@ def _aggregate_topk_shard(
             f"{pos_path}: kept + tail entries = {state.pairs}, expected rows x K = "
             f"{shard.rows * k} (shard fails validation)"
         )
-    tables = state.tables()
+    tables = {
+        name: pa.table(columns, schema=TABLE_SCHEMAS[name])
+        for name, columns in state.tables().items()
+    }
     with atomic.atomic_path(part_dir) as tmp:
         tmp.mkdir()
         for name in TABLE_NAMES:
             pq.write_table(
-                pa.table(tables[name], schema=TABLE_SCHEMAS[name]),
+                tables[name],
                 str(tmp / f"{name}.parquet"),
                 # a partial table is read once by the reduce: fast to write beats small
                 compression="lz4",
@@ -193,6 +202,8 @@ def _aggregate_topk_shard(
             )
         meta = _part_meta(shard, fine_bins, positions=shard.rows, tail_max=state.tail_max)
         atomic.write_json(tmp / PART_META, meta)
+    if kept is not None:
+        kept.offer(part_dir, tables)
     return meta
 
 
@@ -307,6 +318,43 @@ def _progress(total: int, desc: str, enabled: bool):
     )
 
 
+# Bytes per partial-table row that the in-memory reduce holds at its peak
+# (the row, its sort key and order, the gathered and summed columns).
+_REDUCE_ROW_BYTES = 160
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
+
+
+def limit_bytes(memory_limit: str) -> int | None:
+    """'1GB', '512MiB', '2 gb' -> bytes; None when not a plain size."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(memory_limit))
+    if not m or m.group(2).lower() not in _UNITS:
+        return None
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+class PartCache:
+    """Partial tables the map step hands to the reduce in memory (so they are
+    not read back from disk), up to `budget_rows` rows in all; thread-safe."""
+
+    def __init__(self, budget_rows: int):
+        import threading
+
+        self.budget_rows = budget_rows
+        self.rows = 0
+        self.tables: dict[Path, dict[str, pa.Table]] = {}
+        self._lock = threading.Lock()
+
+    def offer(self, part_dir: Path, tables: dict[str, pa.Table]) -> None:
+        rows = sum(t.num_rows for t in tables.values())
+        with self._lock:
+            if self.rows + rows <= self.budget_rows:
+                self.tables[Path(part_dir)] = tables
+                self.rows += rows
+
+
 def build_parts(
     runs: list[Run],
     out: Path | None,
@@ -315,11 +363,13 @@ def build_parts(
     progress: bool = True,
     parts_base: Path | None = None,
     workers: int | None = None,
+    kept: PartCache | None = None,
 ):
     """Map step: (re)compute the partial tables of every shard whose key changed.
 
     Returns [(run, shard, part_dir, part_meta)] and how many shards were read.
-    Top-k shards are mapped `workers` at a time (default: one per core).
+    Top-k shards are mapped `workers` at a time (default: one per core); `kept`
+    receives their partial tables for an in-memory reduce.
     """
     todo, done = [], []
     for run in runs:
@@ -341,17 +391,19 @@ def build_parts(
             if shard.store != "topk":
                 meta = _aggregate_full_shard(shard, part_dir, fine_bins, bar)
                 metas[part_dir] = _seal_part(part_dir, meta)
-        metas.update(_map_topk_shards(topk, fine_bins, bar, workers))
+        metas.update(_map_topk_shards(topk, fine_bins, bar, workers, kept))
     done.extend((run, shard, part_dir, metas[part_dir]) for run, shard, part_dir in todo)
     return done, len(todo)
 
 
-def _map_topk_one(shard: Shard, part_dir: Path, fine_bins: int, decode_threads: bool) -> dict:
-    meta = _aggregate_topk_shard(None, shard, part_dir, fine_bins, decode_threads=decode_threads)
+def _map_topk_one(shard: Shard, part_dir: Path, fine_bins: int, decode_threads: bool, kept) -> dict:
+    meta = _aggregate_topk_shard(
+        None, shard, part_dir, fine_bins, decode_threads=decode_threads, kept=kept
+    )
     return _seal_part(part_dir, meta)
 
 
-def _map_topk_shards(todo, fine_bins: int, bar, workers: int | None) -> dict:
+def _map_topk_shards(todo, fine_bins: int, bar, workers: int | None, kept=None) -> dict:
     """Map top-k shards, `workers` at a time (default: one per core).
 
     The kernel is compiled ``nogil`` and pyarrow decodes without the GIL, so
@@ -365,13 +417,15 @@ def _map_topk_shards(todo, fine_bins: int, bar, workers: int | None) -> dict:
     if workers == 1:
         metas = {}
         for _, shard, part_dir in todo:
-            metas[part_dir] = _map_topk_one(shard, part_dir, fine_bins, True)
+            metas[part_dir] = _map_topk_one(shard, part_dir, fine_bins, True, kept)
             bar.update(shard.rows)
         return metas
     from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
     with ThreadPoolExecutor(workers, thread_name_prefix="aggregate-map") as pool:
-        futures = {pool.submit(_map_topk_one, s, p, fine_bins, False): s for _, s, p in todo}
+        futures = {
+            pool.submit(_map_topk_one, s, p, fine_bins, False, kept): s for _, s, p in todo
+        }
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
@@ -394,38 +448,94 @@ def _map_topk_shards(todo, fine_bins: int, bar, workers: int | None) -> dict:
 
 
 def _reduce(
-    parts, out: Path, runs: list[Run], fine_bins: int, memory_limit: str, temp_dir: Path
+    parts,
+    out: Path,
+    runs: list[Run],
+    fine_bins: int,
+    memory_limit: str,
+    temp_dir: Path,
+    kept: PartCache | None = None,
 ) -> dict:
+    """Sum the partial tables into the tables at `out`: in memory with the
+    metric core's own merge (``BinTables.from_arrow``) when every partial row
+    fits `memory_limit` at _REDUCE_ROW_BYTES each, else with DuckDB, which
+    spills to `temp_dir`."""
     k = runs[0].vocab_size
-    con = _connect(memory_limit, temp_dir)
-
-    def files(name):
-        lst = ", ".join(f"'{sql_str(p / f'{name}.parquet')}'" for _, _, p, _ in parts)
-        return f"read_parquet([{lst}])"
-
     out.mkdir(parents=True, exist_ok=True)
+    budget = limit_bytes(memory_limit)
+    rows = sum(_part_rows(part_dir, kept) for _, _, part_dir, _ in parts)
+    positions = sum(int(m["positions"]) for _, _, _, m in parts)
+    tail_max = max((float(m["tail_max"]) for _, _, _, m in parts), default=0.0)
+    con = None
+    if budget is not None and rows * _REDUCE_ROW_BYTES <= budget:
+        _reduce_in_memory(parts, out, k, fine_bins, positions, tail_max, kept)
+    else:
+        con = _connect(memory_limit, temp_dir)
 
-    for name in TABLE_NAMES:
-        _write_query(
-            con, reduce_sql(name, files(name), k), out / f"{name}.parquet", TABLE_SCHEMAS[name]
-        )
+        def files(name):
+            lst = ", ".join(f"'{sql_str(p / f'{name}.parquet')}'" for _, _, p, _ in parts)
+            return f"read_parquet([{lst}])"
+
+        for name in TABLE_NAMES:
+            _write_query(
+                con, reduce_sql(name, files(name), k), out / f"{name}.parquet", TABLE_SCHEMAS[name]
+            )
     # imported runs (per-class tail unknown): per-class tail allocation and capacity
-    from pipeline.store.tailbounds import reduce_tail_bounds
+    from pipeline.store.tailbounds import reduce_tail_bounds, tail_bounds_needed
 
+    if tail_bounds_needed(runs):
+        con = con or _connect(memory_limit, temp_dir)
     tail_meta = reduce_tail_bounds(con, runs, out, _write_query)
-    con.close()
+    if con is not None:
+        con.close()
 
     meta = tablestore.tables_meta(
         fine_bins=fine_bins,
         vocab_size=k,
-        positions=sum(int(m["positions"]) for _, _, _, m in parts),
-        tail_max=max((float(m["tail_max"]) for _, _, _, m in parts), default=0.0),
+        positions=positions,
+        tail_max=tail_max,
         sources=[f"{run.label}:{shard.entry.get('positions')}" for run, shard, _, _ in parts],
     )
     meta["runs"] = [_run_record(run, out) for run in runs]
     meta.update(tail_meta)
     tablestore.write_meta(out, meta)  # last: marks the tables complete
     return tablestore.read_meta(out)
+
+
+def _part_rows(part_dir: Path, kept: PartCache | None) -> int:
+    """Rows of a shard's partial tables (from memory or the Parquet footers)."""
+    tables = kept.tables.get(Path(part_dir)) if kept else None
+    if tables is not None:
+        return sum(t.num_rows for t in tables.values())
+    return sum(pq.read_metadata(part_dir / f"{name}.parquet").num_rows for name in TABLE_NAMES)
+
+
+def _reduce_in_memory(parts, out: Path, k: int, fine_bins: int, positions, tail_max, kept):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeline.core.tables import BinTables
+
+    def part_tables(part_dir):
+        tables = kept.tables.get(Path(part_dir)) if kept else None
+        return tables or {n: pq.read_table(part_dir / f"{n}.parquet") for n in TABLE_NAMES}
+
+    loaded = [part_tables(part_dir) for _, _, part_dir, _ in parts]
+    summed = BinTables.from_arrow(
+        {name: pa.concat_tables([t[name] for t in loaded]) for name in TABLE_NAMES},
+        fine_bins=fine_bins,
+        vocab_size=k,
+        positions=positions,
+        tail_max=tail_max,
+    ).to_arrow()
+    del loaded
+    # pyarrow encodes and compresses without the GIL: the tables are written side by side
+    with ThreadPoolExecutor(min(len(TABLE_NAMES), os.cpu_count() or 1)) as pool:
+        done = [
+            pool.submit(tablestore.write_table_file, summed[name], out / f"{name}.parquet")
+            for name in TABLE_NAMES
+        ]
+        for future in done:
+            future.result()
 
 
 def _run_inputs(run: Run) -> dict:
@@ -501,8 +611,12 @@ def aggregate(
     temp_dir = scratch_dir(out)
     parts_base = None if keep_parts else temp_dir / "parts"
     try:
-        parts, _ = build_parts(runs, out, fine_bins, progress=progress, parts_base=parts_base)
-        meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir)
+        budget = limit_bytes(memory_limit)
+        kept = PartCache(budget // _REDUCE_ROW_BYTES if budget else 0)
+        parts, _ = build_parts(
+            runs, out, fine_bins, progress=progress, parts_base=parts_base, kept=kept
+        )
+        meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir, kept)
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
     return out, meta

@@ -7,8 +7,11 @@ that, per kept entry (class c, probability p of record, float32):
 * bins it with the one rule, ``max(ceil(float64(p) * F), 1)``; ``p <= t``
   with ``t = bin1_threshold(F)`` is exactly bin 1, so bin-1 entries (most of a
   real model's kept pairs) go to dense per-class vectors, with no grouping;
-* puts entries above bin 1 into two small open-addressing hash tables keyed by
-  (class, bin) for class_bins and (doc_id, bin) for seq_bins;
+* buffers entries above bin 1, orders the buffer by class partition and sums
+  each partition into its own region of an open-addressing hash table keyed
+  by (class, bin) (class_bins): a region fits the core's L2 cache, so the
+  grouping probes cache, not memory; (doc_id, bin) sums go through a dense
+  per-document vector into a second hash table (seq_bins);
 * adds to the per-class kept count and probability mass (tokens);
 * checks it on the way: class id in [0, K), p in [0, 1], and counts the rows
   whose label is among their kept ids.
@@ -30,30 +33,34 @@ from pipeline.core.binning import bin1_threshold, fine_bin_index
 
 BATCH_ROWS = 65_536  # positions decoded at a time (64 kept each: 4M entries, ~32 MB)
 _INITIAL_SLOTS = 1 << 16  # grown by doubling at half full
-_capacity_hint = {"class": _INITIAL_SLOTS, "seq": _INITIAL_SLOTS}  # last shard's sizes
+_BUFFER_ENTRIES = 1 << 21  # entries above bin 1 buffered before grouping (13 bytes each, x2)
+_CLASSES_PER_PARTITION = 512  # a region then holds ~ all its classes' bins in L2
+_INITIAL_REGION_BITS = 10
+# last shard's table sizes: the next shard of this process starts there (no regrowth)
+_capacity_hint = {"class_region_bits": _INITIAL_REGION_BITS, "seq": _INITIAL_SLOTS}
 
 # codes the kernel returns (row index alongside), as in _topk_kernel
-_OK, _BAD_ID, _BAD_PROB, _GROW = 0, 1, 2, 3
+_OK, _BAD_ID, _BAD_PROB, _GROW, _FULL = 0, 1, 2, 3, 4
 
 
-def _compile():
+def _kernels():
     """The numba kernels (imported on first use; compiled once, then cached)."""
     from pipeline.aggregate import _topk_kernel
 
-    return _topk_kernel.batch, _topk_kernel.rehash
+    return _topk_kernel
 
 
 def _flush_document(state) -> None:
-    from pipeline.aggregate import _topk_kernel
-
+    _topk_kernel = _kernels()
     if state._current[1]:
         slots, floats, count = state._seq
         if 2 * (count[0] + state.fine_bins + 1) > slots.shape[0]:
             state._seq = _grow(state._seq, _topk_kernel.rehash)
             slots, floats, count = state._seq
         _topk_kernel.flush(
-            state._doc_bins,
-            state._doc_bins.view(np.float64),
+            state._doc_int,
+            state._doc_float,
+            state._marked,
             state._touched,
             state._current,
             slots,
@@ -81,12 +88,11 @@ def _grow(table, rehash):
     return bigger
 
 
-def _table_rows(table, stride: int):
-    """(ids, bins, int columns, float view) of the used slots (unsorted)."""
-    slots, floats, _ = table
-    used = np.flatnonzero(slots[:, 0] != _EMPTY)
-    key = slots[used, 0]
-    return key // stride, (key % stride).astype(np.int32), slots[used], floats[used]
+def _used_rows(slots):
+    """The used slots' rows, sorted by key, as (keys, int columns, float view)."""
+    rows = _kernels().used_rows(slots)
+    rows = rows.take(np.argsort(rows[:, 0]), axis=0)
+    return rows[:, 0], rows, rows.view(np.float64)
 
 
 class KeptEntryError(ValueError):
@@ -113,6 +119,9 @@ class TopkShardPass:
 
     def __post_init__(self):
         k, f = self.vocab_size, self.fine_bins
+        # class partitions: a power of two, ~_CLASSES_PER_PARTITION classes each
+        self._parts = 1 << max(0, int(np.ceil(np.log2(max(1, k / _CLASSES_PER_PARTITION)))))
+        self._region_bits = _capacity_hint["class_region_bits"]
         self._threshold = bin1_threshold(f)
         # a class's five running sums share one 64-byte row (one cache line per
         # kept entry); the attributes are column views of it
@@ -129,11 +138,19 @@ class TopkShardPass:
         self.top1_conf_sum = np.zeros(f, np.float64)
         self.top1_correct = np.zeros(f, np.int64)
         self.class_tail_n = np.zeros(k, np.int64)
-        # (class, bin) -> n, hits, p_sum; (doc, bin) -> n, hits, top1_n, correct, p_sum, conf
-        self._class = _new_table(_CLASS_WIDTH, _capacity_hint["class"])
+        # (class, bin) -> n, hits, p_sum, one region per class partition;
+        # (doc, bin) -> n, hits, top1_n, correct, p_sum, conf
+        self._class = _new_table(_CLASS_WIDTH, self._parts << self._region_bits)
+        self._region_counts = np.zeros(self._parts, np.int64)
         self._seq = _new_table(_SEQ_WIDTH, _capacity_hint["seq"])
+        self._buffer = None  # (keys, probs, hits) twice: arrival order, partition order
+        self._buffer_n = np.zeros(1, np.int64)
+        self._part_starts = np.zeros(self._parts + 1, np.int64)
+        self._part_counts = np.zeros(self._parts, np.int64)
         # the current document's seq bins, dense over bins (see _topk_kernel.batch)
-        self._doc_bins = np.zeros((f + 1, _SEQ_WIDTH), np.int64)
+        self._doc_int = np.zeros((4, f + 1), np.int64)  # n, hits, top1_n, correct
+        self._doc_float = np.zeros((2, f + 1), np.float64)  # p_sum, conf_sum
+        self._marked = np.zeros(f + 1, np.uint8)
         self._touched = np.zeros(f + 2, np.int64)
         self._current = np.zeros(2, np.int64)
 
@@ -143,7 +160,7 @@ class TopkShardPass:
         """One Arrow record batch of the positions schema (any row count)."""
         import pyarrow as pa
 
-        kernel, rehash = _compile()
+        kernels = _kernels()
         k, f = self.vocab_size, self.fine_bins
         n = batch.num_rows
         if n == 0:
@@ -181,6 +198,13 @@ class TopkShardPass:
         top1_bin = fine_bin_index(top1_prob, f)
         top1_ok = (top1_id == labels).astype(np.int64)
         hits = np.empty(n, np.int64)
+        longest = int(np.diff(id_off).max())
+        if self._buffer is None or self._buffer[0].size < longest:
+            self._group_buffer()
+            size = max(_BUFFER_ENTRIES, longest)
+            self._buffer = tuple(
+                np.empty(size, dtype) for dtype in (np.int64, np.float32, np.uint8) * 2
+            )
         args = (
             ids,
             probs,
@@ -201,23 +225,28 @@ class TopkShardPass:
             self.kept_n,
             self.p_mass,
             hits,
+            *self._buffer[:3],
+            self._buffer_n,
+            self._part_counts,
         )
         row = 0
         while True:
-            code, row = kernel(
+            code, row = kernels.batch(
                 row,
                 *args,
-                *self._class,
                 *self._seq,
-                self._doc_bins,
-                self._doc_bins.view(np.float64),
+                self._doc_int,
+                self._doc_float,
+                self._marked,
                 self._touched,
                 self._current,
             )
-            if code != _GROW:
+            if code == _GROW:
+                self._seq = _grow(self._seq, kernels.rehash)
+            elif code == _FULL:
+                self._group_buffer()
+            else:
                 break
-            self._class = _grow(self._class, rehash)
-            self._seq = _grow(self._seq, rehash)
         if code == _BAD_ID:
             raise KeptEntryError(f"kept class id outside [0, {k})", self.positions + int(row))
         if code == _BAD_PROB:
@@ -247,6 +276,31 @@ class TopkShardPass:
         self.bin1_p_sum += mass
         self.p_mass += mass
 
+    def _group_buffer(self) -> None:
+        """Sum the buffered entries into the class table, partition by partition."""
+        n = int(self._buffer_n[0])
+        if n == 0:
+            return
+        kernels = _kernels()
+        ordered = self._buffer[3:]
+        starts = self._part_starts
+        kernels.partition(*self._buffer[:3], n, self._part_counts, *ordered, starts)
+        part, entry = 0, 0
+        while True:
+            code, part, entry = kernels.insert(
+                *ordered, starts, part, entry, self._region_bits, *self._class[:2],
+                self._region_counts,
+            )  # fmt: skip
+            if code != _GROW:
+                break
+            self._region_bits += 1
+            bigger = _new_table(_CLASS_WIDTH, self._parts << self._region_bits)
+            kernels.rehash_regions(
+                self._class[0], bigger[0], self._region_counts, self._parts, self._region_bits
+            )
+            self._class = bigger
+        self._buffer_n[0] = 0
+
     # ----------------------------------------------------------------- output
 
     @property
@@ -255,16 +309,26 @@ class TopkShardPass:
         return self.kept_entries + int(self.class_tail_n.sum())
 
     def tables(self) -> dict[str, dict[str, np.ndarray]]:
-        """The four partial tables as columns (rows unordered: the reduce sorts)."""
+        """The four partial tables as columns, each sorted by its key."""
         _flush_document(self)
-        # the next shard of this process starts at this shard's table sizes (no regrowth)
-        _capacity_hint["class"] = self._class[0].shape[0]
+        self._group_buffer()
+        _capacity_hint["class_region_bits"] = self._region_bits
         _capacity_hint["seq"] = self._seq[0].shape[0]
         stride = self.fine_bins + 1
+        # class_bins: bin-1 rows from the dense vectors, the rest from the table;
+        # class key = id << 32 | bin (see _topk_kernel), sorted = (class, bin) order
         bin1_total = self.bin1_n + self.class_tail_n
         present = np.flatnonzero(bin1_total)
-        c_ids, c_bins, c_int, c_float = _table_rows(self._class, stride)
-        s_ids, s_bins, s_int, s_float = _table_rows(self._seq, stride)
+        c_int = _kernels().class_rows_sorted(
+            self._class[0], present, self.vocab_size, self.fine_bins
+        )
+        c_key, c_float = c_int[:, 0], c_int.view(np.float64)
+        c_ids = c_key >> 32
+        first = np.flatnonzero(c_key & 0xFFFFFFFF == 1)  # bin-1 rows (all from `present`)
+        c_int[first, 1] = bin1_total[c_ids[first]]
+        c_int[first, 2] = self.bin1_hits[c_ids[first]]
+        c_float[first, 3] = self.bin1_p_sum[c_ids[first]]
+        s_key, s_int, s_float = _used_rows(self._seq[0])
         top1_rows = np.flatnonzero(self.top1_n)
         tokens = np.flatnonzero(
             (self.kept_n > 0)
@@ -274,11 +338,11 @@ class TopkShardPass:
         )
         return {
             "class_bins": {
-                "class_id": np.r_[present, c_ids].astype(np.int32),
-                "bin": np.r_[np.ones(present.size, np.int32), c_bins],
-                "n": np.r_[bin1_total[present], c_int[:, 1]],
-                "p_sum": np.r_[self.bin1_p_sum[present], c_float[:, 3]],
-                "hits": np.r_[self.bin1_hits[present], c_int[:, 2]],
+                "class_id": c_ids.astype(np.int32),
+                "bin": (c_key & 0xFFFFFFFF).astype(np.int32),
+                "n": c_int[:, 1],
+                "p_sum": c_float[:, 3],
+                "hits": c_int[:, 2],
             },
             "top1_bins": {
                 "bin": (top1_rows + 1).astype(np.int32),
@@ -293,8 +357,8 @@ class TopkShardPass:
                 "p_mass": self.p_mass[tokens],
             },
             "seq_bins": {
-                "seq_id": s_ids,
-                "bin": s_bins,
+                "seq_id": s_key // stride,
+                "bin": (s_key % stride).astype(np.int32),
                 "n": s_int[:, 1],
                 "p_sum": s_float[:, 5],
                 "hits": s_int[:, 2],

@@ -42,6 +42,11 @@ def tail_bounds_sql(files_sql: str) -> str:
         FROM {files_sql} GROUP BY class_id ORDER BY class_id"""
 
 
+def tail_bounds_needed(runs) -> bool:
+    """Whether some run has an unknown per-class tail (imported dumps)."""
+    return any(not class_tail_known(run.manifest) for run in runs)
+
+
 def reduce_tail_bounds(con, runs, out: Path, write_query) -> dict:
     """Sum the class_tail shards of runs with an unknown per-class tail into
     OUT/tail_bounds.parquet; returns the meta.json fields to add ({} if none)."""
