@@ -26,31 +26,6 @@ def hash_of(key, mask):
     return np.int64((x ^ (x >> np.uint64(31))) & np.uint64(mask))
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def slot_of(slots, count, key):
-    # open addressing, linear probing; one slot = one row of `slots`
-    mask = slots.shape[0] - 1
-    h = hash_of(key, mask)
-    while True:
-        k = slots[h, 0]
-        if k == key:
-            return h
-        if k == _EMPTY:
-            slots[h, 0] = key
-            count[0] += 1
-            return h
-        h = (h + 1) & mask
-
-
-@_njit
-def rehash(slots, bigger, count):
-    count[0] = 0
-    for s in range(slots.shape[0]):
-        if slots[s, 0] != _EMPTY:
-            t = slot_of(bigger, count, slots[s, 0])
-            bigger[t, 1:] = slots[s, 1:]
-
-
 # ---- class table: one hash region per class partition -----------------------
 # A kept entry's (class, bin) group is random in the class table; probed in
 # arrival order, nearly every probe is a cache miss. Entries are therefore
@@ -134,17 +109,20 @@ def touch(marked, touched, b):
 
 
 @_njit
-def flush(doc_int, doc_float, marked, touched, current, s_int, s_float, s_count, stride):
-    """Move the current document's bins into the seq table (one insert per bin)."""
+def flush(doc_int, doc_float, marked, touched, current, seq_rows, seq_n, stride):
+    """Append the current document's bins to the seq rows (one row per bin)."""
     base = current[0] * stride
+    floats = seq_rows.view(np.float64)
     for t in range(1, touched[0] + 1):
         b = touched[t]
-        s = slot_of(s_int, s_count, base + b)
+        r = seq_n[0]
+        seq_n[0] = r + 1
+        seq_rows[r, 0] = base + b
         for col in range(4):
-            s_int[s, col + 1] += doc_int[col, b]
+            seq_rows[r, col + 1] = doc_int[col, b]
             doc_int[col, b] = 0
-        s_float[s, 5] += doc_float[0, b]
-        s_float[s, 6] += doc_float[1, b]
+        floats[r, 5] = doc_float[0, b]
+        floats[r, 6] = doc_float[1, b]
         doc_float[0, b] = 0.0
         doc_float[1, b] = 0.0
         marked[b] = 0
@@ -156,36 +134,36 @@ def batch(
     start, ids, probs, offsets, labels, docs, tail_count, tail_mass, top1_bin, top1_prob,
     top1_ok, vocab, fine_bins, threshold,
     bin1_n, bin1_p, bin1_hits, kept_n, p_mass, label_hits,
-    buf_keys, buf_probs, buf_hits, buf_n, part_counts, s_int, s_float, s_count,
+    buf_keys, buf_probs, buf_hits, buf_n, part_counts, seq_rows, seq_n,
     doc_int, doc_float, marked, touched, current,
 ):  # fmt: skip
     """Fold rows start.. of one batch in. Returns (code, row): _GROW asks the
-    caller to enlarge the seq table, _FULL to empty the entry buffer (see
+    caller to enlarge `seq_rows`, _FULL to empty the entry buffer (see
     `partition`/`insert`), then to call again from that row.
 
     Entries above bin 1 are appended to the buffer (key = id << 32 | bin,
     probability, hit) for the class table (columns [key, n, hits, p_sum]),
     counted per class partition (id & (parts - 1)).
-    Seq slot columns: [key, n, hits, top1_n, correct, p_sum, conf_sum, -]
-    with key = doc_id * (F + 1) + bin. The current document's seq bins are
-    summed in `doc_int` (rows n, hits, top1_n, correct) and `doc_float` (rows
-    p_sum, conf_sum), dense over bins, `touched` listing the bins used, and
-    enter the seq table when the document changes (rows of a document are
-    consecutive in a shard; if not, it still sums right, with more inserts).
-    current = [doc, active].
+    The current document's seq bins are summed in `doc_int` (rows n, hits,
+    top1_n, correct) and `doc_float` (rows p_sum, conf_sum), dense over bins,
+    `touched` listing the bins used, and are appended to `seq_rows` (columns
+    [key, n, hits, top1_n, correct, p_sum, conf_sum, -], key = doc_id * (F +
+    1) + bin; seq_n[0] rows used) when the document changes. Rows of a
+    document are consecutive in a shard; if not, its key repeats and the rows
+    are summed when the table is made. current = [doc, active].
     """
     stride = fine_bins + 1
     parts_mask = part_counts.size - 1
     for i in range(start, labels.size):
         lo, hi = offsets[i], offsets[i + 1]
-        if 2 * (s_count[0] + stride) > s_int.shape[0]:
+        if seq_n[0] + stride > seq_rows.shape[0]:
             return _GROW, i
         if buf_n[0] + hi - lo > buf_keys.size:
             return _FULL, i
         doc = docs[i]
         if current[1] == 0 or doc != current[0]:
             if current[1]:
-                flush(doc_int, doc_float, marked, touched, current, s_int, s_float, s_count, stride)
+                flush(doc_int, doc_float, marked, touched, current, seq_rows, seq_n, stride)
             current[0] = doc
             current[1] = 1
         label = labels[i]
@@ -285,20 +263,4 @@ def class_rows_sorted(slots, bin1_classes, vocab, fine_bins):
             out[r, :] = slots[where[e], :]
         else:
             out[r, 0] = keys[e]
-    return out
-
-
-@_njit
-def used_rows(slots):
-    """The used slots' rows, in slot order."""
-    n = 0
-    for s in range(slots.shape[0]):
-        if slots[s, 0] != _EMPTY:
-            n += 1
-    out = np.empty((n, slots.shape[1]), np.int64)
-    e = 0
-    for s in range(slots.shape[0]):
-        if slots[s, 0] != _EMPTY:
-            out[e, :] = slots[s, :]
-            e += 1
     return out

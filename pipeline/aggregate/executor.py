@@ -423,9 +423,7 @@ def _map_topk_shards(todo, fine_bins: int, bar, workers: int | None, kept=None) 
     from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
     with ThreadPoolExecutor(workers, thread_name_prefix="aggregate-map") as pool:
-        futures = {
-            pool.submit(_map_topk_one, s, p, fine_bins, False, kept): s for _, s, p in todo
-        }
+        futures = {pool.submit(_map_topk_one, s, p, fine_bins, False, kept): s for _, s, p in todo}
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, return_when=FIRST_EXCEPTION)

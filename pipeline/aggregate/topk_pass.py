@@ -25,19 +25,22 @@ int64, as in the SQL they replace.
 
 from __future__ import annotations
 
+import os
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from pipeline.core.binning import bin1_threshold, fine_bin_index
+from pipeline.core.tables import SparseBins
 
 BATCH_ROWS = 65_536  # positions decoded at a time (64 kept each: 4M entries, ~32 MB)
-_INITIAL_SLOTS = 1 << 16  # grown by doubling at half full
+_INITIAL_SEQ_ROWS = 1 << 16  # grown by doubling
 _BUFFER_ENTRIES = 1 << 21  # entries above bin 1 buffered before grouping (13 bytes each, x2)
 _CLASSES_PER_PARTITION = 512  # a region then holds ~ all its classes' bins in L2
 _INITIAL_REGION_BITS = 10
 # last shard's table sizes: the next shard of this process starts there (no regrowth)
-_capacity_hint = {"class_region_bits": _INITIAL_REGION_BITS, "seq": _INITIAL_SLOTS}
+_capacity_hint = {"class_region_bits": _INITIAL_REGION_BITS, "seq": _INITIAL_SEQ_ROWS}
 
 # codes the kernel returns (row index alongside), as in _topk_kernel
 _OK, _BAD_ID, _BAD_PROB, _GROW, _FULL = 0, 1, 2, 3, 4
@@ -51,48 +54,53 @@ def _kernels():
 
 
 def _flush_document(state) -> None:
-    _topk_kernel = _kernels()
     if state._current[1]:
-        slots, floats, count = state._seq
-        if 2 * (count[0] + state.fine_bins + 1) > slots.shape[0]:
-            state._seq = _grow(state._seq, _topk_kernel.rehash)
-            slots, floats, count = state._seq
-        _topk_kernel.flush(
+        state._reserve_seq_rows()
+        _kernels().flush(
             state._doc_int,
             state._doc_float,
             state._marked,
             state._touched,
             state._current,
-            slots,
-            floats,
-            count,
+            state._seq_rows,
+            state._seq_n,
             state.fine_bins + 1,
         )
         state._current[1] = 0
 
 
 _EMPTY = np.iinfo(np.int64).min  # as in _topk_kernel.EMPTY
-_CLASS_WIDTH, _SEQ_WIDTH = 4, 8  # slot columns (see the kernel); 32 and 64 bytes
+_CLASS_WIDTH, _SEQ_WIDTH = 4, 8  # class slot / seq row columns (see the kernel)
 
 
-def _new_table(width: int, cap: int = _INITIAL_SLOTS):
-    slots = np.zeros((cap, width), np.int64)
+def _new_table(width: int, cap: int, reuse=None):
+    """An empty hash table (slots, float view, count); `reuse`: a spent table's
+    slots, cleared in place when it has the size (no fresh pages to fault in)."""
+    if reuse is not None and reuse.shape == (cap, width):
+        slots = reuse
+        slots.fill(0)
+    else:
+        slots = np.zeros((cap, width), np.int64)
     slots[:, 0] = _EMPTY
     return slots, slots.view(np.float64), np.zeros(1, np.int64)
 
 
-def _grow(table, rehash):
-    slots, _, count = table
-    bigger = _new_table(slots.shape[1], 2 * slots.shape[0])
-    rehash(slots, bigger[0], bigger[2])
-    return bigger
+# The big scratch arrays of finished shards (class table, seq rows, entry
+# buffer), reused by the next shard of this process: fresh pages cost a page
+# fault each, which on some virtual machines is most of a shard's system time.
+_scratch_lock = threading.Lock()
+_scratch_pool: list[dict] = []
 
 
-def _used_rows(slots):
-    """The used slots' rows, sorted by key, as (keys, int columns, float view)."""
-    rows = _kernels().used_rows(slots)
-    rows = rows.take(np.argsort(rows[:, 0]), axis=0)
-    return rows[:, 0], rows, rows.view(np.float64)
+def _take_scratch() -> dict:
+    with _scratch_lock:
+        return _scratch_pool.pop() if _scratch_pool else {}
+
+
+def _give_scratch(scratch: dict) -> None:
+    with _scratch_lock:
+        if len(_scratch_pool) < (os.cpu_count() or 1):  # one set per worker at most
+            _scratch_pool.append(scratch)
 
 
 class KeptEntryError(ValueError):
@@ -140,10 +148,19 @@ class TopkShardPass:
         self.class_tail_n = np.zeros(k, np.int64)
         # (class, bin) -> n, hits, p_sum, one region per class partition;
         # (doc, bin) -> n, hits, top1_n, correct, p_sum, conf
-        self._class = _new_table(_CLASS_WIDTH, self._parts << self._region_bits)
+        scratch = _take_scratch()
+        self._class = _new_table(
+            _CLASS_WIDTH, self._parts << self._region_bits, scratch.get("class")
+        )
         self._region_counts = np.zeros(self._parts, np.int64)
-        self._seq = _new_table(_SEQ_WIDTH, _capacity_hint["seq"])
-        self._buffer = None  # (keys, probs, hits) twice: arrival order, partition order
+        # per document and bin: key, n, hits, top1_n, correct, p_sum, conf_sum, -
+        # (rows past _seq_n are never read: no need to clear them)
+        self._seq_rows = scratch.get("seq_rows")
+        if self._seq_rows is None or self._seq_rows.shape[0] < _capacity_hint["seq"]:
+            self._seq_rows = np.empty((_capacity_hint["seq"], _SEQ_WIDTH), np.int64)
+        self._seq_n = np.zeros(1, np.int64)
+        # (keys, probs, hits) twice: arrival order, partition order
+        self._buffer = scratch.get("buffer")
         self._buffer_n = np.zeros(1, np.int64)
         self._part_starts = np.zeros(self._parts + 1, np.int64)
         self._part_counts = np.zeros(self._parts, np.int64)
@@ -234,7 +251,8 @@ class TopkShardPass:
             code, row = kernels.batch(
                 row,
                 *args,
-                *self._seq,
+                self._seq_rows,
+                self._seq_n,
                 self._doc_int,
                 self._doc_float,
                 self._marked,
@@ -242,7 +260,7 @@ class TopkShardPass:
                 self._current,
             )
             if code == _GROW:
-                self._seq = _grow(self._seq, kernels.rehash)
+                self._reserve_seq_rows()
             elif code == _FULL:
                 self._group_buffer()
             else:
@@ -275,6 +293,14 @@ class TopkShardPass:
         mass = np.bincount(ids, weights=tail_mass[keep].astype(np.float64), minlength=k)
         self.bin1_p_sum += mass
         self.p_mass += mass
+
+    def _reserve_seq_rows(self) -> None:
+        """Room for one more document's bins in the seq rows (doubling)."""
+        rows, need = self._seq_rows, int(self._seq_n[0]) + self.fine_bins + 1
+        if need > rows.shape[0]:
+            bigger = np.empty((max(need, 2 * rows.shape[0]), rows.shape[1]), np.int64)
+            bigger[: int(self._seq_n[0])] = rows[: int(self._seq_n[0])]
+            self._seq_rows = bigger
 
     def _group_buffer(self) -> None:
         """Sum the buffered entries into the class table, partition by partition."""
@@ -309,11 +335,12 @@ class TopkShardPass:
         return self.kept_entries + int(self.class_tail_n.sum())
 
     def tables(self) -> dict[str, dict[str, np.ndarray]]:
-        """The four partial tables as columns, each sorted by its key."""
+        """The four partial tables as columns, each sorted by its key (new
+        arrays). Call once, last: the state's scratch goes to the next shard."""
         _flush_document(self)
         self._group_buffer()
         _capacity_hint["class_region_bits"] = self._region_bits
-        _capacity_hint["seq"] = self._seq[0].shape[0]
+        _capacity_hint["seq"] = self._seq_rows.shape[0]
         stride = self.fine_bins + 1
         # class_bins: bin-1 rows from the dense vectors, the rest from the table;
         # class key = id << 32 | bin (see _topk_kernel), sorted = (class, bin) order
@@ -328,7 +355,21 @@ class TopkShardPass:
         c_int[first, 1] = bin1_total[c_ids[first]]
         c_int[first, 2] = self.bin1_hits[c_ids[first]]
         c_float[first, 3] = self.bin1_p_sum[c_ids[first]]
-        s_key, s_int, s_float = _used_rows(self._seq[0])
+        # a document whose rows were not consecutive has several rows per bin
+        seq = self._seq_rows[: int(self._seq_n[0])]
+        seq_bins = SparseBins.from_parts(
+            seq[:, 0] // stride,
+            seq[:, 0] % stride,
+            {
+                "n": seq[:, 1],
+                "p_sum": seq.view(np.float64)[:, 5],
+                "hits": seq[:, 2],
+                "top1_n": seq[:, 3],
+                "conf_sum": seq.view(np.float64)[:, 6],
+                "correct": seq[:, 4],
+            },
+            stride,
+        )
         top1_rows = np.flatnonzero(self.top1_n)
         tokens = np.flatnonzero(
             (self.kept_n > 0)
@@ -336,6 +377,8 @@ class TopkShardPass:
             | (self.label_count > 0)
             | (self.top1_count > 0)
         )
+        _give_scratch({"class": self._class[0], "seq_rows": self._seq_rows, "buffer": self._buffer})
+        self._class = self._seq_rows = self._buffer = None
         return {
             "class_bins": {
                 "class_id": c_ids.astype(np.int32),
@@ -356,14 +399,5 @@ class TopkShardPass:
                 "top1_count": self.top1_count[tokens],
                 "p_mass": self.p_mass[tokens],
             },
-            "seq_bins": {
-                "seq_id": s_key // stride,
-                "bin": (s_key % stride).astype(np.int32),
-                "n": s_int[:, 1],
-                "p_sum": s_float[:, 5],
-                "hits": s_int[:, 2],
-                "top1_n": s_int[:, 3],
-                "conf_sum": s_float[:, 6],
-                "correct": s_int[:, 4],
-            },
+            "seq_bins": {"seq_id": seq_bins.ids, "bin": seq_bins.bins, **seq_bins.values},
         }
