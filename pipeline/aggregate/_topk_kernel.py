@@ -133,7 +133,7 @@ def flush(doc_int, doc_float, marked, touched, current, seq_rows, seq_n, stride)
 def batch(
     start, ids, probs, offsets, labels, docs, tail_count, tail_mass, top1_bin, top1_prob,
     top1_ok, vocab, fine_bins, threshold,
-    bin1_n, bin1_p, bin1_hits, kept_n, p_mass, label_hits,
+    bin1_n, bin1_p, bin1_hits, label_hits,
     buf_keys, buf_probs, buf_hits, buf_n, part_counts, seq_rows, seq_n,
     doc_int, doc_float, marked, touched, current,
 ):  # fmt: skip
@@ -182,8 +182,6 @@ def batch(
             v64 = np.float64(v)
             hit = 1 if c == label else 0
             hits += hit
-            kept_n[c] += 1
-            p_mass[c] += v64
             if v <= threshold:
                 bin1_n[c] += 1
                 bin1_p[c] += v64

@@ -36,7 +36,7 @@ from pipeline.core.tables import SparseBins
 
 BATCH_ROWS = 65_536  # positions decoded at a time (64 kept each: 4M entries, ~32 MB)
 _INITIAL_SEQ_ROWS = 1 << 16  # grown by doubling
-_BUFFER_ENTRIES = 1 << 21  # entries above bin 1 buffered before grouping (13 bytes each, x2)
+_BUFFER_ENTRIES = 1 << 22  # entries above bin 1 buffered before grouping (13 bytes each, x2)
 _CLASSES_PER_PARTITION = 512  # a region then holds ~ all its classes' bins in L2
 _INITIAL_REGION_BITS = 10
 # last shard's table sizes: the next shard of this process starts there (no regrowth)
@@ -131,15 +131,13 @@ class TopkShardPass:
         self._parts = 1 << max(0, int(np.ceil(np.log2(max(1, k / _CLASSES_PER_PARTITION)))))
         self._region_bits = _capacity_hint["class_region_bits"]
         self._threshold = bin1_threshold(f)
-        # a class's five running sums share one 64-byte row (one cache line per
-        # kept entry); the attributes are column views of it
-        self._per_class = np.zeros((k, 8), np.int64)
-        floats = self._per_class.view(np.float64)
+        # a class's bin-1 sums share one 32-byte row (one cache line per bin-1
+        # entry; entries above bin 1 touch no per-class row: their class sums
+        # come from the class table at the end); attributes are column views
+        self._per_class = np.zeros((k, 4), np.int64)
         self.bin1_n = self._per_class[:, 0]
         self.bin1_hits = self._per_class[:, 1]
-        self.kept_n = self._per_class[:, 2]
-        self.bin1_p_sum = floats[:, 3]
-        self.p_mass = floats[:, 4]
+        self.bin1_p_sum = self._per_class.view(np.float64)[:, 2]
         self.label_count = np.zeros(k, np.int64)
         self.top1_count = np.zeros(k, np.int64)
         self.top1_n = np.zeros(f, np.int64)
@@ -239,8 +237,6 @@ class TopkShardPass:
             self.bin1_n,
             self.bin1_p_sum,
             self.bin1_hits,
-            self.kept_n,
-            self.p_mass,
             hits,
             *self._buffer[:3],
             self._buffer_n,
@@ -292,7 +288,6 @@ class TopkShardPass:
         )
         mass = np.bincount(ids, weights=tail_mass[keep].astype(np.float64), minlength=k)
         self.bin1_p_sum += mass
-        self.p_mass += mass
 
     def _reserve_seq_rows(self) -> None:
         """Room for one more document's bins in the seq rows (doubling)."""
@@ -371,12 +366,10 @@ class TopkShardPass:
             stride,
         )
         top1_rows = np.flatnonzero(self.top1_n)
-        tokens = np.flatnonzero(
-            (self.kept_n > 0)
-            | (self.class_tail_n > 0)
-            | (self.label_count > 0)
-            | (self.top1_count > 0)
-        )
+        # per class: kept + tail mass, and whether it has any kept or tail pair
+        p_mass = np.bincount(c_ids, weights=c_float[:, 3], minlength=self.vocab_size)
+        has_pairs = np.bincount(c_ids, minlength=self.vocab_size) > 0
+        tokens = np.flatnonzero(has_pairs | (self.label_count > 0) | (self.top1_count > 0))
         _give_scratch({"class": self._class[0], "seq_rows": self._seq_rows, "buffer": self._buffer})
         self._class = self._seq_rows = self._buffer = None
         return {
@@ -397,7 +390,7 @@ class TopkShardPass:
                 "class_id": tokens.astype(np.int32),
                 "label_count": self.label_count[tokens],
                 "top1_count": self.top1_count[tokens],
-                "p_mass": self.p_mass[tokens],
+                "p_mass": p_mass[tokens],
             },
             "seq_bins": {"seq_id": seq_bins.ids, "bin": seq_bins.bins, **seq_bins.values},
         }
