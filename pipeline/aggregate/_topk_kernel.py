@@ -57,9 +57,10 @@ def partition(keys, probs, hits, n, counts, out_keys, out_probs, out_hits, start
 def insert(keys, probs, hits, starts, first, start, region_bits, c_int, c_float, counts):
     """Sum the ordered entries of partitions first.. (from entry `start`) into
     their regions; (GROW, partition, entry) when an entry would fill its
-    region past half (grow, then call again from there)."""
+    region past three quarters (grow, then call again from there); with
+    a mixing hash, linear probing stays short at that load."""
     mask = (np.int64(1) << region_bits) - 1
-    half = np.int64(1) << (region_bits - 1)
+    full = (np.int64(3) << region_bits) >> 2
     for q in range(first, starts.size - 1):
         base = np.int64(q) << region_bits
         for e in range(max(start, starts[q]), starts[q + 1]):
@@ -71,7 +72,7 @@ def insert(keys, probs, hits, starts, first, start, region_bits, c_int, c_float,
                 if k == key:
                     break
                 if k == _EMPTY:
-                    if counts[q] >= half:
+                    if counts[q] >= full:
                         return _GROW, q, e
                     c_int[s, 0] = key
                     counts[q] += 1

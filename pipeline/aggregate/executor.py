@@ -319,8 +319,9 @@ def _progress(total: int, desc: str, enabled: bool):
 
 
 # Bytes per partial-table row that the in-memory reduce holds at its peak
-# (the row, its sort key and order, the gathered and summed columns).
-_REDUCE_ROW_BYTES = 160
+# (the row, its sort key and order, the gathered and summed columns, the
+# Arrow output): 195 measured on the issue-14 run's two parts.
+_REDUCE_ROW_BYTES = 200
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
 
@@ -337,22 +338,35 @@ def limit_bytes(memory_limit: str) -> int | None:
 
 class PartCache:
     """Partial tables the map step hands to the reduce in memory (so they are
-    not read back from disk), up to `budget_rows` rows in all; thread-safe."""
+    not read back from disk), up to `budget_rows` rows in all; thread-safe.
+    Once the parts seen so far project past the budget for all `parts` of
+    the run (the reduce would then be DuckDB's), it drops them and keeps none."""
 
-    def __init__(self, budget_rows: int):
+    def __init__(self, budget_rows: int, parts: int = 1):
         import threading
 
         self.budget_rows = budget_rows
+        self.parts = parts
         self.rows = 0
+        self.offered = 0
         self.tables: dict[Path, dict[str, pa.Table]] = {}
         self._lock = threading.Lock()
 
     def offer(self, part_dir: Path, tables: dict[str, pa.Table]) -> None:
         rows = sum(t.num_rows for t in tables.values())
         with self._lock:
-            if self.rows + rows <= self.budget_rows:
+            self.offered += 1
+            projected = (self.rows + rows) / self.offered * max(self.parts, self.offered)
+            if projected > self.budget_rows:
+                self.drop()
+            elif self.rows + rows <= self.budget_rows:
                 self.tables[Path(part_dir)] = tables
                 self.rows += rows
+
+    def drop(self) -> None:
+        """Keep nothing from now on (and free what was kept)."""
+        self.budget_rows = self.rows = 0
+        self.tables.clear()
 
 
 def build_parts(
@@ -372,6 +386,8 @@ def build_parts(
     receives their partial tables for an in-memory reduce.
     """
     todo, done = [], []
+    if kept is not None:
+        kept.parts = sum(len(run.shards) for run in runs)
     for run in runs:
         root = parts_base / run.run_dir.name if parts_base else parts_root(run, out)
         for shard in run.shards:
@@ -391,9 +407,21 @@ def build_parts(
             if shard.store != "topk":
                 meta = _aggregate_full_shard(shard, part_dir, fine_bins, bar)
                 metas[part_dir] = _seal_part(part_dir, meta)
-        metas.update(_map_topk_shards(topk, fine_bins, bar, workers, kept))
+        try:
+            metas.update(_map_topk_shards(topk, fine_bins, bar, workers, kept))
+        finally:
+            _release_map_memory()
     done.extend((run, shard, part_dir, metas[part_dir]) for run, shard, part_dir in todo)
     return done, len(todo)
+
+
+def _release_map_memory() -> None:
+    """Give the map step's scratch back before the reduce: the pooled kernel
+    arrays and the decoded batches pyarrow's allocator keeps for reuse."""
+    from pipeline.aggregate.topk_pass import release_scratch
+
+    release_scratch()
+    pa.default_memory_pool().release_unused()
 
 
 def _map_topk_one(shard: Shard, part_dir: Path, fine_bins: int, decode_threads: bool, kept) -> dict:
@@ -468,6 +496,8 @@ def _reduce(
     if budget is not None and rows * _REDUCE_ROW_BYTES <= budget:
         _reduce_in_memory(parts, out, k, fine_bins, positions, tail_max, kept)
     else:
+        if kept is not None:
+            kept.drop()  # DuckDB reads the part files; free the memory for it
         con = _connect(memory_limit, temp_dir)
 
         def files(name):

@@ -36,7 +36,7 @@ from pipeline.core.tables import SparseBins
 
 BATCH_ROWS = 65_536  # positions decoded at a time (64 kept each: 4M entries, ~32 MB)
 _INITIAL_SEQ_ROWS = 1 << 16  # grown by doubling
-_BUFFER_ENTRIES = 1 << 22  # entries above bin 1 buffered before grouping (13 bytes each, x2)
+_BUFFER_ENTRIES = 1 << 21  # entries above bin 1 buffered before grouping (13 bytes each, x2)
 _CLASSES_PER_PARTITION = 512  # a region then holds ~ all its classes' bins in L2
 _INITIAL_REGION_BITS = 10
 # last shard's table sizes: the next shard of this process starts there (no regrowth)
@@ -86,8 +86,9 @@ def _new_table(width: int, cap: int, reuse=None):
 
 
 # The big scratch arrays of finished shards (class table, seq rows, entry
-# buffer), reused by the next shard of this process: fresh pages cost a page
-# fault each, which on some virtual machines is most of a shard's system time.
+# buffer), reused by the next shard of the same map step: fresh pages cost a
+# page fault each, which on some virtual machines is most of a shard's
+# system time. Freed when the map step ends (release_scratch).
 _scratch_lock = threading.Lock()
 _scratch_pool: list[dict] = []
 
@@ -95,6 +96,13 @@ _scratch_pool: list[dict] = []
 def _take_scratch() -> dict:
     with _scratch_lock:
         return _scratch_pool.pop() if _scratch_pool else {}
+
+
+def release_scratch() -> None:
+    """Free the pooled scratch arrays (at the end of a map step: the reduce
+    and the caller get the memory back)."""
+    with _scratch_lock:
+        _scratch_pool.clear()
 
 
 def _give_scratch(scratch: dict) -> None:
