@@ -407,21 +407,19 @@ def build_parts(
             if shard.store != "topk":
                 meta = _aggregate_full_shard(shard, part_dir, fine_bins, bar)
                 metas[part_dir] = _seal_part(part_dir, meta)
-        try:
-            metas.update(_map_topk_shards(topk, fine_bins, bar, workers, kept))
-        finally:
-            _release_map_memory()
+        metas.update(_map_topk_shards(topk, fine_bins, bar, workers, kept))
     done.extend((run, shard, part_dir, metas[part_dir]) for run, shard, part_dir in todo)
     return done, len(todo)
 
 
-def _release_map_memory() -> None:
-    """Give the map step's scratch back before the reduce: the pooled kernel
-    arrays and the decoded batches pyarrow's allocator keeps for reuse."""
+def _release_map_memory(*, decoded: bool = False) -> None:
+    """Free the map step's pooled kernel arrays and, with `decoded`, the pages
+    pyarrow's allocator keeps from decoding (before a reduce that needs them)."""
     from pipeline.aggregate.topk_pass import release_scratch
 
     release_scratch()
-    pa.default_memory_pool().release_unused()
+    if decoded:
+        pa.default_memory_pool().release_unused()
 
 
 def _map_topk_one(shard: Shard, part_dir: Path, fine_bins: int, decode_threads: bool, kept) -> dict:
@@ -498,6 +496,7 @@ def _reduce(
     else:
         if kept is not None:
             kept.drop()  # DuckDB reads the part files; free the memory for it
+        _release_map_memory(decoded=True)
         con = _connect(memory_limit, temp_dir)
 
         def files(name):
@@ -646,6 +645,7 @@ def aggregate(
         )
         meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir, kept)
     finally:
+        _release_map_memory()  # nothing of the map step outlives the call
         shutil.rmtree(temp_dir, ignore_errors=True)
     return out, meta
 

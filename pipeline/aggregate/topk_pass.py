@@ -88,7 +88,7 @@ def _new_table(width: int, cap: int, reuse=None):
 # The big scratch arrays of finished shards (class table, seq rows, entry
 # buffer), reused by the next shard of the same map step: fresh pages cost a
 # page fault each, which on some virtual machines is most of a shard's
-# system time. Freed when the map step ends (release_scratch).
+# system time. Freed when the aggregation ends (release_scratch).
 _scratch_lock = threading.Lock()
 _scratch_pool: list[dict] = []
 
@@ -99,8 +99,8 @@ def _take_scratch() -> dict:
 
 
 def release_scratch() -> None:
-    """Free the pooled scratch arrays (at the end of a map step: the reduce
-    and the caller get the memory back)."""
+    """Free the pooled scratch arrays (when an aggregation ends, or before a
+    reduce that needs the memory)."""
     with _scratch_lock:
         _scratch_pool.clear()
 

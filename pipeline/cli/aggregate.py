@@ -34,7 +34,8 @@ from pipeline.store.schema import SchemaVersionError
     "--memory-limit",
     default=DEFAULT_MEMORY_LIMIT,
     show_default=True,
-    help="DuckDB memory limit (spills to disk beyond it).",
+    help="Memory for summing the partial tables: in memory when they fit, else by "
+    "DuckDB, which spills to disk beyond it.",
 )
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option(
