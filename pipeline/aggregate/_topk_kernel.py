@@ -111,9 +111,11 @@ def touch(marked, touched, b):
 
 @_njit
 def flush(doc_int, doc_float, marked, touched, current, seq_rows, seq_n, stride):
-    """Append the current document's bins to the seq rows (one row per bin)."""
+    """Append the current document's bins to the seq rows (one row per bin,
+    in bin order: documents in increasing order then need no sort)."""
     base = current[0] * stride
     floats = seq_rows.view(np.float64)
+    touched[1 : touched[0] + 1].sort()
     for t in range(1, touched[0] + 1):
         b = touched[t]
         r = seq_n[0]

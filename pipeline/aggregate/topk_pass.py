@@ -111,6 +111,27 @@ def _give_scratch(scratch: dict) -> None:
             _scratch_pool.append(scratch)
 
 
+def _seq_bins(rows: np.ndarray, stride: int) -> SparseBins:
+    """seq_bins from the appended per-document rows: already in key order when
+    document ids increase through the shard (the rows are then used as they
+    are); otherwise a document may have several rows per bin, summed here."""
+    keys = rows[:, 0]
+    floats = rows.view(np.float64)
+    values = {
+        "n": rows[:, 1],
+        "p_sum": floats[:, 5],
+        "hits": rows[:, 2],
+        "top1_n": rows[:, 3],
+        "conf_sum": floats[:, 6],
+        "correct": rows[:, 4],
+    }
+    if keys.size > 1 and not np.all(keys[1:] > keys[:-1]):
+        return SparseBins.from_parts(keys // stride, keys % stride, values, stride)
+    # copies: `rows` is scratch that the next shard reuses
+    copied = {name: np.ascontiguousarray(column) for name, column in values.items()}
+    return SparseBins(keys // stride, (keys % stride).astype(np.int32), copied)
+
+
 class KeptEntryError(ValueError):
     """A kept entry the tables cannot hold (row index within the shard)."""
 
@@ -358,21 +379,7 @@ class TopkShardPass:
         c_int[first, 1] = bin1_total[c_ids[first]]
         c_int[first, 2] = self.bin1_hits[c_ids[first]]
         c_float[first, 3] = self.bin1_p_sum[c_ids[first]]
-        # a document whose rows were not consecutive has several rows per bin
-        seq = self._seq_rows[: int(self._seq_n[0])]
-        seq_bins = SparseBins.from_parts(
-            seq[:, 0] // stride,
-            seq[:, 0] % stride,
-            {
-                "n": seq[:, 1],
-                "p_sum": seq.view(np.float64)[:, 5],
-                "hits": seq[:, 2],
-                "top1_n": seq[:, 3],
-                "conf_sum": seq.view(np.float64)[:, 6],
-                "correct": seq[:, 4],
-            },
-            stride,
-        )
+        seq_bins = _seq_bins(self._seq_rows[: int(self._seq_n[0])], stride)
         top1_rows = np.flatnonzero(self.top1_n)
         # per class: kept + tail mass, and whether it has any kept or tail pair
         p_mass = np.bincount(c_ids, weights=c_float[:, 3], minlength=self.vocab_size)
