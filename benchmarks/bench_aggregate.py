@@ -421,13 +421,14 @@ def bench_scale(data: Path, s: dict) -> dict:
             "reduce_seconds": best,
             "reduce_rows_per_second": part_rows / best,
             "reduce_threads": os.cpu_count(),
+            "reduce_engine": executor.reduce_engine(part_rows, "1GB"),
         }
         out["reduce"].append(entry)
         print(
             f"scale reduce  {shards:,} shards x {rows:,} positions: map {t_map:.2f} s "
             f"({t_map / shards * 1e3:.1f} ms/shard); reduce of {part_rows:,} partial-table rows "
             f"{best:.2f} s = {entry['reduce_rows_per_second'] / 1e6:.2f} M rows/s "
-            f"({os.cpu_count()} threads)"
+            f"({entry['reduce_engine']}, {os.cpu_count()} threads)"
         )
     return out
 

@@ -486,12 +486,11 @@ def _reduce(
     spills to `temp_dir`."""
     k = runs[0].vocab_size
     out.mkdir(parents=True, exist_ok=True)
-    budget = limit_bytes(memory_limit)
     rows = sum(_part_rows(part_dir, kept) for _, _, part_dir, _ in parts)
     positions = sum(int(m["positions"]) for _, _, _, m in parts)
     tail_max = max((float(m["tail_max"]) for _, _, _, m in parts), default=0.0)
     con = None
-    if budget is not None and rows * _REDUCE_ROW_BYTES <= budget:
+    if reduce_engine(rows, memory_limit) == "memory":
         _reduce_in_memory(parts, out, k, fine_bins, positions, tail_max, kept)
     else:
         if kept is not None:
@@ -527,6 +526,14 @@ def _reduce(
     meta.update(tail_meta)
     tablestore.write_meta(out, meta)  # last: marks the tables complete
     return tablestore.read_meta(out)
+
+
+def reduce_engine(partial_rows: int, memory_limit: str) -> str:
+    """'memory' when `partial_rows` partial-table rows fit `memory_limit` at
+    _REDUCE_ROW_BYTES each (the reduce then runs in numpy), else 'duckdb'."""
+    budget = limit_bytes(memory_limit)
+    fits = budget is not None and partial_rows * _REDUCE_ROW_BYTES <= budget
+    return "memory" if fits else "duckdb"
 
 
 def _part_rows(part_dir: Path, kept: PartCache | None) -> int:
