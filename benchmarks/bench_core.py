@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import DEFAULT_FINE_BINS, PAPER_BINS
-from pipeline.core.accumulator import CalibrationAccumulator
+from pipeline.core.accumulator import THREADS_ENV, CalibrationAccumulator
 from pipeline.core.binning import fine_bin_index
 from pipeline.core.metrics import classwise_ece, compute_metrics, ece, full_ece
 
@@ -725,12 +725,15 @@ def bench_throughput(probs, labels) -> dict:
 
 def bench_dense_pass(n: int, k: int, seed: int, repeat: int = 5) -> dict:
     """Issue 14: ``update`` + ``compute`` against one ``np.sum(axis=0)`` of the
-    same float32 [n, K] array, interleaved, best of `repeat` (spread kept)."""
+    same float32 [n, K] array, interleaved, best of `repeat` (spread kept).
+    np.sum runs on one thread; ours on ``threads`` (the accumulator's default:
+    one per available core), recorded with the ratio."""
     probs, labels = make_dense(n, k, seed)
     times = {"np_sum_axis0_f32": [], "ours_update_compute": []}
+    threads = CalibrationAccumulator(k).threads
 
     def ours():
-        acc = CalibrationAccumulator(k)
+        acc = CalibrationAccumulator(k, threads=threads)
         acc.update(probs, labels)
         acc.compute()
 
@@ -752,6 +755,8 @@ def bench_dense_pass(n: int, k: int, seed: int, repeat: int = 5) -> dict:
         "times_s": times,
         "best_s": best,
         "ratio_vs_np_sum_f32": ratio,
+        "threads_ours": threads,
+        "threads_np_sum": 1,
         "ratio_spread": [
             min(times["np_sum_axis0_f32"]) / max(times["ours_update_compute"]),
             max(times["np_sum_axis0_f32"]) / min(times["ours_update_compute"]),
@@ -762,7 +767,7 @@ def bench_dense_pass(n: int, k: int, seed: int, repeat: int = 5) -> dict:
     say(
         f"\ndense pass N={n:,} x K={k:,} float32 ({probs.nbytes / 2**20:.0f} MiB): "
         f"np.sum(axis=0) {best['np_sum_axis0_f32']:.4f} s, update+compute "
-        f"{best['ours_update_compute']:.4f} s: ratio {ratio:.2f} (target >= "
+        f"{best['ours_update_compute']:.4f} s on {threads} thread(s): ratio {ratio:.2f} (target >= "
         f"{TARGET_THROUGHPUT_RATIO}; spread {out['ratio_spread'][0]:.2f}..{out['ratio_spread'][1]:.2f}"
         f" over {repeat} interleaved runs)"
     )
@@ -1077,8 +1082,8 @@ def main(argv=None) -> dict:
         "--torch-threads",
         type=int,
         default=1,
-        help="torch.set_num_threads for the peers (default 1: ours is single-threaded "
-        "numpy, and on a loaded machine torch's thread pool slows peers down)",
+        help="torch.set_num_threads for the peers (default 1: ours runs on one thread "
+        "in the peer comparison, and on a loaded machine torch's thread pool slows peers down)",
     )
     ap.add_argument("--skip", default="", help="comma list of: dense_pass,dense,compressed")
     ap.add_argument("--compressed-worker", help=argparse.SUPPRESS)
@@ -1113,6 +1118,7 @@ def main(argv=None) -> dict:
             "peer_budget_s": budget,
             "full_check_cap_s": full_check_cap,
             "torch_threads": args.torch_threads,
+            "ours_threads_vs_peers": 1,
             "pilot_classes": PILOT_CLASSES,
             "same_value_rtol": SAME_VALUE_RTOL,
         },
@@ -1136,10 +1142,20 @@ def main(argv=None) -> dict:
                     else f"{info['version']} ({info['note']})"
                 )
             )
-        result["dense"] = [
-            bench_dense_case(n, k, SEED + i, peers, budget, full_check_cap)
-            for i, (n, k) in enumerate(cfg["dense"])
-        ]
+        # ours on one thread here, as the peers (--torch-threads): the dense
+        # accumulator otherwise splits its numpy pass over every core
+        saved = os.environ.get(THREADS_ENV)
+        os.environ[THREADS_ENV] = "1"
+        try:
+            result["dense"] = [
+                bench_dense_case(n, k, SEED + i, peers, budget, full_check_cap)
+                for i, (n, k) in enumerate(cfg["dense"])
+            ]
+        finally:
+            if saved is None:
+                del os.environ[THREADS_ENV]
+            else:
+                os.environ[THREADS_ENV] = saved
     if "compressed" not in skip:
         try:
             result["compressed"] = bench_compressed(cfg["compressed"], SEED)

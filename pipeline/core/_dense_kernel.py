@@ -1,0 +1,259 @@
+"""The compiled dense-block kernel of ``pipeline.core.accumulator`` (numba,
+cached on disk).
+
+Kept in its own module so that importing the pipeline never imports numba
+(the accumulator imports this on the first dense numpy update).
+
+One call reads each row of a float32 block once from memory: a vectorised
+loop adds the row into the float64 column sums and counts what the checks and
+the sparse split need, then, only for the row's chunks that hold an entry
+above the bin-1 threshold, a scalar loop over the same (cached) chunk appends
+(row, column, value) and tracks the first maximum.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+# Columns per chunk: the vectorised loop counts entries above the threshold
+# per chunk, and only chunks with one are scanned again (from L1).
+CHUNK = 512
+SUB = 64  # columns per second-level check inside a chunk with an entry
+
+# reassoc lets LLVM vectorise the float64 row-sum reduction (any order of
+# summation is allowed); no nnan/ninf, so NaN and inf still propagate.
+_FAST = {"reassoc"}
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _extract(part, c0, row, threshold, rows, cols, vals, fill, best, best_j):
+    """Append a chunk's entries above the threshold; track the first maximum
+    among them (the row's maximum is one of them when there is any)."""
+    for s0 in range(0, part.size, SUB):
+        sub = part[s0 : s0 + SUB]
+        hits = 0
+        for j in range(sub.size):
+            hits += sub[j] > threshold
+        if hits == 0:
+            continue
+        for j in range(sub.size):
+            v = sub[j]
+            if v > threshold:
+                rows[fill] = row
+                cols[fill] = c0 + s0 + j
+                vals[fill] = v
+                fill += 1
+                if v > best:
+                    best = v
+                    best_j = c0 + s0 + j
+    return fill, best, best_j
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _finish_row(row, i, s, best, best_j, label, row_sums, label_probs, top1_id, top1_prob):
+    row_sums[i] = s
+    label_probs[i] = row[label]
+    bad = 0
+    if not np.isfinite(s):
+        bad = 1
+        best_j = -1  # the caller's slow path sets the argmax of this row
+    elif best_j < 0:
+        # no entry above the threshold: the first maximum of the whole row
+        best = row[0]
+        best_j = 0
+        for j in range(1, row.size):
+            if row[j] > best:
+                best = row[j]
+                best_j = j
+    top1_id[i] = best_j
+    top1_prob[i] = best
+    return bad
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FAST)
+def summarise(
+    p,
+    labels,
+    threshold,
+    col_sums,
+    row_sums,
+    label_probs,
+    top1_id,
+    top1_prob,
+    rows,
+    cols,
+    vals,
+    fill,
+    row_base,
+    start,
+):
+    """Summarise the float32 C-contiguous block ``p`` [b, K].
+
+    Adds p's columns into ``col_sums`` (float64 [K]); writes per row the float64
+    row sum, the label's probability and the first argmax (index and value);
+    appends the entries with p > threshold to rows/cols/vals from ``fill`` on
+    (rows as ``row_base + i``). Starts at row ``start``; returns (stop, fill,
+    negatives, nonfinite): stop < b when the buffers may not hold rows
+    ``stop..stop+3`` (fewer than 4 K free slots; grow them and call again from
+    there), the new fill, and the numbers of values < 0 and of rows whose sum
+    is not finite (the caller's slow path handles those: numpy's
+    NaN-propagating min and argmax). Counts are of the rows start..stop-1.
+
+    Four rows go through the vectorised loop together: each column sum is
+    then loaded and stored once per four rows, ``col += (a + b) + (c + d)``
+    in float64 (another order of the same float64 sum).
+    """
+    b, k = p.shape
+    negatives = 0
+    nonfinite = 0
+    i = start
+    while i < b:
+        if rows.size - fill < 4 * k:
+            # room for the next rows is not guaranteed: the caller grows the
+            # buffers and calls again from row i (growing here would make
+            # rows/cols/vals reassignable, which measured 8x slower)
+            return i, fill, negatives, nonfinite
+        if i + 4 <= b:
+            r0, r1, r2, r3 = p[i], p[i + 1], p[i + 2], p[i + 3]
+            s0 = s1 = s2 = s3 = 0.0
+            best0 = best1 = best2 = best3 = np.float32(-np.inf)
+            j0 = j1 = j2 = j3 = -1
+            for c0 in range(0, k, CHUNK):
+                c1 = min(c0 + CHUNK, k)
+                # slices (not p[i, j]) let LLVM vectorise this loop
+                q0, q1, q2, q3 = r0[c0:c1], r1[c0:c1], r2[c0:c1], r3[c0:c1]
+                part_sums = col_sums[c0:c1]
+                a0 = a1 = a2 = a3 = 0
+                neg = 0
+                cs0 = cs1 = cs2 = cs3 = 0.0
+                for j in range(q0.size):
+                    v0, v1, v2, v3 = q0[j], q1[j], q2[j], q3[j]
+                    w0, w1, w2, w3 = np.float64(v0), np.float64(v1), np.float64(v2), np.float64(v3)
+                    part_sums[j] += (w0 + w1) + (w2 + w3)
+                    cs0 += w0
+                    cs1 += w1
+                    cs2 += w2
+                    cs3 += w3
+                    a0 += v0 > threshold
+                    a1 += v1 > threshold
+                    a2 += v2 > threshold
+                    a3 += v3 > threshold
+                    neg += (v0 < 0) + (v1 < 0) + (v2 < 0) + (v3 < 0)
+                s0 += cs0
+                s1 += cs1
+                s2 += cs2
+                s3 += cs3
+                negatives += neg
+                if a0:
+                    fill, best0, j0 = _extract(
+                        q0, c0, row_base + i, threshold, rows, cols, vals, fill, best0, j0
+                    )
+                if a1:
+                    fill, best1, j1 = _extract(
+                        q1, c0, row_base + i + 1, threshold, rows, cols, vals, fill, best1, j1
+                    )
+                if a2:
+                    fill, best2, j2 = _extract(
+                        q2, c0, row_base + i + 2, threshold, rows, cols, vals, fill, best2, j2
+                    )
+                if a3:
+                    fill, best3, j3 = _extract(
+                        q3, c0, row_base + i + 3, threshold, rows, cols, vals, fill, best3, j3
+                    )
+            nonfinite += _finish_row(
+                r0, i, s0, best0, j0, labels[i], row_sums, label_probs, top1_id, top1_prob
+            )
+            nonfinite += _finish_row(
+                r1, i + 1, s1, best1, j1, labels[i + 1], row_sums, label_probs, top1_id, top1_prob
+            )
+            nonfinite += _finish_row(
+                r2, i + 2, s2, best2, j2, labels[i + 2], row_sums, label_probs, top1_id, top1_prob
+            )
+            nonfinite += _finish_row(
+                r3, i + 3, s3, best3, j3, labels[i + 3], row_sums, label_probs, top1_id, top1_prob
+            )
+            i += 4
+            continue
+        row = p[i]
+        s = 0.0
+        best = np.float32(-np.inf)
+        best_j = -1
+        for c0 in range(0, k, CHUNK):
+            c1 = min(c0 + CHUNK, k)
+            part = row[c0:c1]
+            part_sums = col_sums[c0:c1]
+            above = 0
+            neg = 0
+            cs = 0.0
+            for j in range(part.size):
+                v = part[j]
+                part_sums[j] += v
+                cs += v
+                above += v > threshold
+                neg += v < 0
+            s += cs
+            negatives += neg
+            if above:
+                fill, best, best_j = _extract(
+                    part, c0, row_base + i, threshold, rows, cols, vals, fill, best, best_j
+                )
+        nonfinite += _finish_row(
+            row, i, s, best, best_j, labels[i], row_sums, label_probs, top1_id, top1_prob
+        )
+        i += 1
+    return b, fill, negatives, nonfinite
+
+
+@numba.njit(cache=True, nogil=True)
+def group_class_bins(ids, bins, n, p_sum, hits, n_ids, stride):
+    """Sum n, p_sum and hits over equal (id, bin), ids in [0, n_ids), bins in
+    [0, stride). Two stable counting-sort passes that move the rows (by bin,
+    then by id: a least-significant-digit radix sort) give the order of a
+    stable sort by id * stride + bin in O(rows + n_ids + stride); equal keys
+    are then summed in their input order. Returns the unique (id, bin) in
+    ascending order and their sums."""
+    m = ids.size
+    by_bin = np.zeros(stride + 1, np.int64)
+    by_id = np.zeros(n_ids + 1, np.int64)
+    for i in range(m):
+        by_bin[bins[i] + 1] += 1
+        by_id[ids[i] + 1] += 1
+    for b in range(stride):
+        by_bin[b + 1] += by_bin[b]
+    for c in range(n_ids):
+        by_id[c + 1] += by_id[c]
+    t_id = np.empty(m, np.int64)
+    t_bin = np.empty(m, np.int32)
+    t_n = np.empty(m, np.int64)
+    t_p = np.empty(m, np.float64)
+    t_h = np.empty(m, np.int64)
+    for i in range(m):
+        b = bins[i]
+        t = by_bin[b]
+        by_bin[b] = t + 1
+        t_id[t], t_bin[t], t_n[t], t_p[t], t_h[t] = ids[i], b, n[i], p_sum[i], hits[i]
+    s_id = np.empty(m, np.int64)
+    s_bin = np.empty(m, np.int32)
+    s_n = np.empty(m, np.int64)
+    s_p = np.empty(m, np.float64)
+    s_h = np.empty(m, np.int64)
+    for i in range(m):
+        c = t_id[i]
+        t = by_id[c]
+        by_id[c] = t + 1
+        s_id[t], s_bin[t], s_n[t], s_p[t], s_h[t] = c, t_bin[i], t_n[i], t_p[i], t_h[i]
+    g = 0
+    t = 0
+    while t < m:  # rows of one key are adjacent now; sum them into row g
+        c, b = s_id[t], s_bin[t]
+        vn, vp, vh = s_n[t], s_p[t], s_h[t]
+        t += 1
+        while t < m and s_bin[t] == b and s_id[t] == c:
+            vn += s_n[t]
+            vp += s_p[t]
+            vh += s_h[t]
+            t += 1
+        s_id[g], s_bin[g], s_n[g], s_p[g], s_h[g] = c, b, vn, vp, vh
+        g += 1
+    return s_id[:g].copy(), s_bin[:g].copy(), s_n[:g].copy(), s_p[:g].copy(), s_h[:g].copy()
