@@ -269,3 +269,31 @@ def test_torch_path_equals_numpy_path():
     assert_tables_match(b, definition_tables(probs, labels, 1000))
     assert np.array_equal(a.class_bins.ids, b.class_bins.ids)
     assert np.array_equal(a.top1_count, b.top1_count)
+
+
+@pytest.mark.parametrize("k, F, rows", [(1, 1, 5), (7, 10, 1000), (32_000, 1000, 20_000)])
+def test_compiled_class_bins_group_equals_numpy_group(k, F, rows):
+    from pipeline.core.tables import CLASS_BIN_VALUES, SparseBins
+
+    rng = np.random.default_rng(rows)
+    parts = []
+    for size in (rows // 2, 0, rows - rows // 2):
+        parts.append(
+            SparseBins(
+                rng.integers(0, k, size),
+                rng.integers(1, F + 1, size).astype(np.int32),
+                {
+                    "n": rng.integers(1, 1000, size),
+                    "p_sum": rng.random(size),
+                    "hits": rng.integers(0, 3, size),
+                },
+            )
+        )
+    want = SparseBins.concat(parts, F + 1, CLASS_BIN_VALUES, group_single=True)
+    got = acc_mod._group_class_parts(parts, k, F + 1)
+    assert np.array_equal(got.ids, want.ids) and np.array_equal(got.bins, want.bins)
+    assert got.ids.dtype == np.int64 and got.bins.dtype == np.int32
+    for name in ("n", "hits"):
+        assert np.array_equal(got.values[name], want.values[name])
+        assert got.values[name].dtype == np.int64
+    np.testing.assert_allclose(got.values["p_sum"], want.values["p_sum"], rtol=1e-13)

@@ -205,55 +205,74 @@ def summarise(
     return b, fill, negatives, nonfinite
 
 
+def bits_for(count: int) -> int:
+    """Bits that hold the integers 0..count-1 (at least 1)."""
+    return max(1, (int(count) - 1).bit_length())
+
+
+RADIX_BITS = 13  # digit of the radix sort: 8192 buckets, their heads fit in L2
+
+
 @numba.njit(cache=True, nogil=True)
-def group_class_bins(ids, bins, n, p_sum, hits, n_ids, stride):
-    """Sum n, p_sum and hits over equal (id, bin), ids in [0, n_ids), bins in
-    [0, stride). Two stable counting-sort passes that move the rows (by bin,
-    then by id: a least-significant-digit radix sort) give the order of a
-    stable sort by id * stride + bin in O(rows + n_ids + stride); equal keys
-    are then summed in their input order. Returns the unique (id, bin) in
-    ascending order and their sums."""
+def group_class_bins(ids, bins, n, p_sum, hits, key_bits, row_bits, stride):
+    """Sum n, p_sum and hits over equal (id, bin), bins in [0, stride).
+
+    Each row becomes one uint64, key = id * stride + bin (``key_bits`` bits)
+    above its row number (``row_bits`` bits; key_bits + row_bits <= 64), and a
+    least-significant-digit radix sort on the key bits orders them: stable,
+    so equal keys keep their input order and are summed in it (the order of
+    a stable sort by key, in O(rows) per digit). Returns the unique (id, bin)
+    in ascending order and their sums.
+    """
     m = ids.size
-    by_bin = np.zeros(stride + 1, np.int64)
-    by_id = np.zeros(n_ids + 1, np.int64)
+    rb = np.uint64(row_bits)
+    a = np.empty(m, np.uint64)
     for i in range(m):
-        by_bin[bins[i] + 1] += 1
-        by_id[ids[i] + 1] += 1
-    for b in range(stride):
-        by_bin[b + 1] += by_bin[b]
-    for c in range(n_ids):
-        by_id[c + 1] += by_id[c]
-    t_id = np.empty(m, np.int64)
-    t_bin = np.empty(m, np.int32)
-    t_n = np.empty(m, np.int64)
-    t_p = np.empty(m, np.float64)
-    t_h = np.empty(m, np.int64)
-    for i in range(m):
-        b = bins[i]
-        t = by_bin[b]
-        by_bin[b] = t + 1
-        t_id[t], t_bin[t], t_n[t], t_p[t], t_h[t] = ids[i], b, n[i], p_sum[i], hits[i]
-    s_id = np.empty(m, np.int64)
-    s_bin = np.empty(m, np.int32)
-    s_n = np.empty(m, np.int64)
-    s_p = np.empty(m, np.float64)
-    s_h = np.empty(m, np.int64)
-    for i in range(m):
-        c = t_id[i]
-        t = by_id[c]
-        by_id[c] = t + 1
-        s_id[t], s_bin[t], s_n[t], s_p[t], s_h[t] = c, t_bin[i], t_n[i], t_p[i], t_h[i]
-    g = 0
-    t = 0
-    while t < m:  # rows of one key are adjacent now; sum them into row g
-        c, b = s_id[t], s_bin[t]
-        vn, vp, vh = s_n[t], s_p[t], s_h[t]
-        t += 1
-        while t < m and s_bin[t] == b and s_id[t] == c:
-            vn += s_n[t]
-            vp += s_p[t]
-            vh += s_h[t]
-            t += 1
-        s_id[g], s_bin[g], s_n[g], s_p[g], s_h[g] = c, b, vn, vp, vh
-        g += 1
-    return s_id[:g].copy(), s_bin[:g].copy(), s_n[:g].copy(), s_p[:g].copy(), s_h[:g].copy()
+        a[i] = (np.uint64(ids[i] * stride + bins[i]) << rb) | np.uint64(i)
+    tmp = np.empty(m, np.uint64)
+    buckets = 1 << RADIX_BITS
+    mask = np.uint64(buckets - 1)
+    count = np.empty(buckets + 1, np.int64)
+    for shift in range(row_bits, row_bits + key_bits, RADIX_BITS):
+        sh = np.uint64(shift)
+        count[:] = 0
+        for i in range(m):
+            count[((a[i] >> sh) & mask) + 1] += 1
+        for d in range(buckets):
+            count[d + 1] += count[d]
+        for i in range(m):
+            d = (a[i] >> sh) & mask
+            tmp[count[d]] = a[i]
+            count[d] += 1
+        a, tmp = tmp, a
+    groups = 0
+    last = -1
+    for t in range(m):  # outputs of the exact size: no copies, no unused pages
+        key = np.int64(a[t] >> rb)
+        if key != last:
+            groups += 1
+            last = key
+    out_ids = np.empty(groups, np.int64)
+    out_bins = np.empty(groups, np.int32)
+    out_n = np.empty(groups, np.int64)
+    out_p = np.empty(groups, np.float64)
+    out_h = np.empty(groups, np.int64)
+    row_mask = np.uint64((1 << row_bits) - 1)
+    g = -1
+    last = -1
+    for t in range(m):
+        key = np.int64(a[t] >> rb)
+        i = np.int64(a[t] & row_mask)
+        if key != last:
+            g += 1
+            last = key
+            out_ids[g] = key // stride
+            out_bins[g] = key % stride
+            out_n[g] = n[i]
+            out_p[g] = p_sum[i]
+            out_h[g] = hits[i]
+        else:
+            out_n[g] += n[i]
+            out_p[g] += p_sum[i]
+            out_h[g] += hits[i]
+    return out_ids, out_bins, out_n, out_p, out_h

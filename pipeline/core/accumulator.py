@@ -202,13 +202,17 @@ def _summarise_torch(p, labels, threshold, exact_row_sums) -> _DenseSummary:
 
 def _group_class_parts(parts: list[SparseBins], vocab_size: int, stride: int) -> SparseBins:
     """SparseBins.concat(parts, stride, CLASS_BIN_VALUES, group_single=True),
-    by the compiled counting-sort group of pipeline.core._dense_kernel (class
-    ids are < K: no comparison sort needed)."""
+    by the compiled radix-sort group of pipeline.core._dense_kernel (class ids
+    are < K, bins < F + 1: a few linear passes, no comparison sort)."""
     parts = [p for p in parts if p.ids.size]
     if not parts:
         return SparseBins.empty(CLASS_BIN_VALUES)
     from pipeline.core import _dense_kernel as kernel
 
+    rows = sum(p.ids.size for p in parts)
+    key_bits, row_bits = kernel.bits_for(vocab_size * stride), kernel.bits_for(rows)
+    if key_bits + row_bits > 64:  # beyond any memory in sight; numpy's sort then
+        return SparseBins.concat(parts, stride, CLASS_BIN_VALUES, group_single=True)
     ids = np.concatenate([p.ids for p in parts]).astype(np.int64, copy=False)
     bins = np.concatenate([p.bins for p in parts]).astype(np.int32, copy=False)
     if ids.min() < 0 or ids.max() >= vocab_size or bins.min() < 0 or bins.max() >= stride:
@@ -217,7 +221,9 @@ def _group_class_parts(parts: list[SparseBins], vocab_size: int, stride: int) ->
         np.concatenate([p.values[name] for p in parts]).astype(dtype, copy=False)
         for name, dtype in zip(CLASS_BIN_VALUES, (np.int64, np.float64, np.int64), strict=True)
     ]
-    out_ids, out_bins, *sums = kernel.group_class_bins(ids, bins, *columns, vocab_size, stride)
+    out_ids, out_bins, *sums = kernel.group_class_bins(
+        ids, bins, *columns, key_bits, row_bits, stride
+    )
     return SparseBins(out_ids, out_bins, dict(zip(CLASS_BIN_VALUES, sums, strict=True)))
 
 
