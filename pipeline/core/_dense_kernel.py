@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 # Columns per chunk: the vectorised loop counts entries above the threshold
 # per chunk, and only chunks with one are scanned again (from L1).
 CHUNK = 512
-SUB = 64  # columns per second-level check inside a chunk with an entry
 
 # reassoc lets LLVM vectorise the float64 row-sum reduction (any order of
 # summation is allowed); no nnan/ninf, so NaN and inf still propagate.
@@ -27,26 +27,29 @@ _FAST = {"reassoc"}
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _extract(part, c0, row, threshold, rows, cols, vals, fill, best, best_j):
-    """Append a chunk's entries above the threshold; track the first maximum
-    among them (the row's maximum is one of them when there is any)."""
-    for s0 in range(0, part.size, SUB):
-        sub = part[s0 : s0 + SUB]
-        hits = 0
-        for j in range(sub.size):
-            hits += sub[j] > threshold
-        if hits == 0:
+def _extract(part, mask, c0, row, rows, cols, vals, fill, best, best_j):
+    """Append a chunk's entries above the threshold, found from its byte mask
+    (1 where p > threshold, 0 past the chunk's end): 64 bytes checked at once,
+    then each set byte of a nonzero 8-byte word by its trailing zeros. Tracks
+    the first maximum among them (the row's maximum when there is any)."""
+    words = mask.view(np.uint64)
+    for line in range(0, (part.size + 63) // 64 * 8, 8):
+        w = words[line : line + 8]
+        if (w[0] | w[1] | w[2] | w[3] | w[4] | w[5] | w[6] | w[7]) == 0:
             continue
-        for j in range(sub.size):
-            v = sub[j]
-            if v > threshold:
+        for t in range(8):
+            bits = w[t]
+            while bits:
+                j = 8 * (line + t) + (trailing_zeros(bits) >> 3)
+                bits &= bits - np.uint64(1)
+                v = part[j]
                 rows[fill] = row
-                cols[fill] = c0 + s0 + j
+                cols[fill] = c0 + j
                 vals[fill] = v
                 fill += 1
                 if v > best:
                     best = v
-                    best_j = c0 + s0 + j
+                    best_j = c0 + j
     return fill, best, best_j
 
 
@@ -107,6 +110,9 @@ def summarise(
     b, k = p.shape
     negatives = 0
     nonfinite = 0
+    # per row of a 4-row group: 1 where p > threshold, over one chunk
+    masks = np.zeros((4, CHUNK), np.uint8)
+    m0, m1, m2, m3 = masks[0], masks[1], masks[2], masks[3]
     i = start
     while i < b:
         if rows.size - fill < 4 * k:
@@ -124,6 +130,8 @@ def summarise(
                 # slices (not p[i, j]) let LLVM vectorise this loop
                 q0, q1, q2, q3 = r0[c0:c1], r1[c0:c1], r2[c0:c1], r3[c0:c1]
                 part_sums = col_sums[c0:c1]
+                if c1 - c0 < CHUNK:  # the last chunk: no stale mask bytes past its end
+                    masks[:, c1 - c0 :] = 0
                 a0 = a1 = a2 = a3 = 0
                 neg = 0
                 cs0 = cs1 = cs2 = cs3 = 0.0
@@ -135,10 +143,12 @@ def summarise(
                     cs1 += w1
                     cs2 += w2
                     cs3 += w3
-                    a0 += v0 > threshold
-                    a1 += v1 > threshold
-                    a2 += v2 > threshold
-                    a3 += v3 > threshold
+                    h0, h1, h2, h3 = v0 > threshold, v1 > threshold, v2 > threshold, v3 > threshold
+                    m0[j], m1[j], m2[j], m3[j] = h0, h1, h2, h3
+                    a0 += h0
+                    a1 += h1
+                    a2 += h2
+                    a3 += h3
                     neg += (v0 < 0) + (v1 < 0) + (v2 < 0) + (v3 < 0)
                 s0 += cs0
                 s1 += cs1
@@ -147,19 +157,19 @@ def summarise(
                 negatives += neg
                 if a0:
                     fill, best0, j0 = _extract(
-                        q0, c0, row_base + i, threshold, rows, cols, vals, fill, best0, j0
+                        q0, m0, c0, row_base + i, rows, cols, vals, fill, best0, j0
                     )
                 if a1:
                     fill, best1, j1 = _extract(
-                        q1, c0, row_base + i + 1, threshold, rows, cols, vals, fill, best1, j1
+                        q1, m1, c0, row_base + i + 1, rows, cols, vals, fill, best1, j1
                     )
                 if a2:
                     fill, best2, j2 = _extract(
-                        q2, c0, row_base + i + 2, threshold, rows, cols, vals, fill, best2, j2
+                        q2, m2, c0, row_base + i + 2, rows, cols, vals, fill, best2, j2
                     )
                 if a3:
                     fill, best3, j3 = _extract(
-                        q3, c0, row_base + i + 3, threshold, rows, cols, vals, fill, best3, j3
+                        q3, m3, c0, row_base + i + 3, rows, cols, vals, fill, best3, j3
                     )
             nonfinite += _finish_row(
                 r0, i, s0, best0, j0, labels[i], row_sums, label_probs, top1_id, top1_prob
@@ -183,6 +193,8 @@ def summarise(
             c1 = min(c0 + CHUNK, k)
             part = row[c0:c1]
             part_sums = col_sums[c0:c1]
+            if c1 - c0 < CHUNK:
+                m0[c1 - c0 :] = 0
             above = 0
             neg = 0
             cs = 0.0
@@ -190,13 +202,15 @@ def summarise(
                 v = part[j]
                 part_sums[j] += v
                 cs += v
-                above += v > threshold
+                h = v > threshold
+                m0[j] = h
+                above += h
                 neg += v < 0
             s += cs
             negatives += neg
             if above:
                 fill, best, best_j = _extract(
-                    part, c0, row_base + i, threshold, rows, cols, vals, fill, best, best_j
+                    part, m0, c0, row_base + i, rows, cols, vals, fill, best, best_j
                 )
         nonfinite += _finish_row(
             row, i, s, best, best_j, labels[i], row_sums, label_probs, top1_id, top1_prob
