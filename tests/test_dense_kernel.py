@@ -297,3 +297,31 @@ def test_compiled_class_bins_group_equals_numpy_group(k, F, rows):
         assert np.array_equal(got.values[name], want.values[name])
         assert got.values[name].dtype == np.int64
     np.testing.assert_allclose(got.values["p_sum"], want.values["p_sum"], rtol=1e-13)
+
+
+def _update_in_child(probs, labels, expected_top1_count):
+    acc = CalibrationAccumulator(probs.shape[1], threads=2)
+    acc.update(probs, labels)
+    assert np.array_equal(acc.compute().top1_count, expected_top1_count)
+
+
+def test_threads_work_in_a_forked_child(monkeypatch):
+    import multiprocessing
+
+    monkeypatch.setattr(acc_mod, "_MIN_VALUES_PER_THREAD", 64)
+    monkeypatch.setattr(acc_mod, "_BLOCK_BYTES", 16 * 4 * 500)  # 16 rows a block
+    rng = np.random.default_rng(4)
+    probs = rng.random((300, 500), dtype=np.float32)
+    probs /= probs.sum(axis=1, keepdims=True)
+    labels = rng.integers(0, 500, 300)
+    acc = CalibrationAccumulator(500, threads=2)  # the parent's pool exists ...
+    acc.update(probs, labels)
+    expected = acc.compute().top1_count
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=_update_in_child, args=(probs, labels, expected))
+    child.start()
+    child.join(120)  # ... and the child, which has none of its threads, must not wait on it
+    if child.is_alive():
+        child.kill()
+        pytest.fail("dense update hung in a forked child")
+    assert child.exitcode == 0

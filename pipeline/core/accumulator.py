@@ -102,13 +102,25 @@ _pool_lock = threading.Lock()
 
 def _thread_pool(threads: int) -> ThreadPoolExecutor:
     """One shared pool for the dense kernel (it releases the GIL), grown on demand."""
-    global _pool
+    global _pool, _pool_size
     with _pool_lock:
-        if _pool is None or _pool._max_workers < threads:
+        if _pool is None or _pool_size < threads:
             old, _pool = _pool, ThreadPoolExecutor(threads, thread_name_prefix="fullece-dense")
+            _pool_size = threads
             if old is not None:
                 old.shutdown(wait=False)
         return _pool
+
+
+def _forget_pool() -> None:
+    # a forked child has none of the parent's threads: it starts its own pool
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+_pool_size = 0
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _grow(buffers, fill: int, need: int):
