@@ -26,30 +26,35 @@ CHUNK = 512
 _FAST = {"reassoc"}
 
 
+_GATHER = np.uint64(0x0102040810204080)  # bytes 0/1 of a word -> their 8 bits, top byte
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
 def _extract(part, mask, c0, row, rows, cols, vals, fill, best, best_j):
     """Append a chunk's entries above the threshold, found from its byte mask
-    (1 where p > threshold, 0 past the chunk's end): 64 bytes checked at once,
-    then each set byte of a nonzero 8-byte word by its trailing zeros. Tracks
+    (1 where p > threshold, 0 past the chunk's end): 64 bytes at a time become
+    one 64-bit mask, whose set bits are visited by their trailing zeros. Tracks
     the first maximum among them (the row's maximum when there is any)."""
     words = mask.view(np.uint64)
     for line in range(0, (part.size + 63) // 64 * 8, 8):
         w = words[line : line + 8]
         if (w[0] | w[1] | w[2] | w[3] | w[4] | w[5] | w[6] | w[7]) == 0:
             continue
+        bits = np.uint64(0)
         for t in range(8):
-            bits = w[t]
-            while bits:
-                j = 8 * (line + t) + (trailing_zeros(bits) >> 3)
-                bits &= bits - np.uint64(1)
-                v = part[j]
-                rows[fill] = row
-                cols[fill] = c0 + j
-                vals[fill] = v
-                fill += 1
-                if v > best:
-                    best = v
-                    best_j = c0 + j
+            bits |= ((w[t] * _GATHER) >> np.uint64(56)) << np.uint64(8 * t)
+        base = 8 * line
+        while bits:
+            j = base + trailing_zeros(bits)
+            bits &= bits - np.uint64(1)
+            v = part[j]
+            rows[fill] = row
+            cols[fill] = c0 + j
+            vals[fill] = v
+            fill += 1
+            if v > best:
+                best = v
+                best_j = c0 + j
     return fill, best, best_j
 
 
