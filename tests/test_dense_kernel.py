@@ -157,13 +157,24 @@ def test_rows_with_no_entry_above_bin1():
     assert t.top1_count[0] == 6 and t.top1_count[1234] == 1
 
 
+def assert_tables_identical(a, b):
+    for table in ("class_bins", "seq_bins"):
+        x, y = getattr(a, table), getattr(b, table)
+        assert np.array_equal(x.ids, y.ids) and np.array_equal(x.bins, y.bins)
+        for name in x.values:
+            assert np.array_equal(x.values[name], y.values[name]), (table, name)
+    for name in ("top1_n", "top1_conf_sum", "top1_correct", "label_count", "top1_count"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert np.array_equal(a.p_mass, b.p_mass)
+
+
 def test_many_blocks_folds_threads_and_buffer_growth(monkeypatch):
-    # tiny blocks and folds, a thread per 64 values: every row partition the
+    # tiny blocks (7 rows), tasks (14) and folds (21): every row partition the
     # kernel sees, and rows with more entries above bin 1 than the buffers'
     # first size (uniform 1/64 > 1/100: all 64 of each row above bin 1)
     monkeypatch.setattr(acc_mod, "_BLOCK_BYTES", 7 * 4 * 64)
     monkeypatch.setattr(acc_mod, "_FOLD_BYTES", 3 * 7 * 4 * 64)
-    monkeypatch.setattr(acc_mod, "_MIN_VALUES_PER_THREAD", 64)
+    monkeypatch.setattr(acc_mod, "_TASK_BYTES", 2 * 7 * 4 * 64)
     rng = np.random.default_rng(5)
     k, n, F = 64, 203, 100
     x = rng.standard_normal((n, k)) * rng.choice([0.0, 0.5, 4.0], (n, 1))
@@ -172,23 +183,25 @@ def test_many_blocks_folds_threads_and_buffer_growth(monkeypatch):
     labels = rng.integers(0, k, n)
     seq_ids = np.arange(n) // 10
     ref = definition_tables(probs, labels, F, seq_ids)
-    for threads in (1, 2, 3):
-        t = run(probs, labels, F, seq_ids=seq_ids, threads=threads)
-        assert_tables_match(t, ref, seq=True)
+    one = run(probs, labels, F, seq_ids=seq_ids, threads=1)
+    assert_tables_match(one, ref, seq=True)
+    for threads in (2, 3):
+        # the same tasks on any number of threads: the same sums, to the bit
+        assert_tables_identical(run(probs, labels, F, seq_ids=seq_ids, threads=threads), one)
 
 
-def test_threads_agree_on_large_input():
+def test_threads_agree_on_large_input(monkeypatch):
+    monkeypatch.setattr(acc_mod, "_TASK_BYTES", 1)  # one block (255 rows) a task
     rng = np.random.default_rng(11)
-    k, n = 4_100, 700  # above the per-thread minimum: two threads share each fold
+    k, n = 4_100, 700
     x = rng.standard_normal((n, k), dtype=np.float32) * 3
     x -= x.max(axis=1, keepdims=True)
     probs = np.exp(x)
     probs /= probs.sum(axis=1, keepdims=True)
     labels = rng.integers(0, k, n)
     one, two = run(probs, labels, threads=1), run(probs, labels, threads=2)
-    ref = definition_tables(probs, labels, 1000)
-    assert_tables_match(one, ref)
-    assert_tables_match(two, ref)
+    assert_tables_match(one, definition_tables(probs, labels, 1000))
+    assert_tables_identical(two, one)
 
 
 def test_non_contiguous_and_float64_input():
@@ -235,7 +248,7 @@ def test_nonfinite_values_raise_naming_their_row(bad, where):
 
 
 def test_nan_in_a_later_block_names_its_row(monkeypatch):
-    monkeypatch.setattr(acc_mod, "_MIN_VALUES_PER_THREAD", 1)
+    monkeypatch.setattr(acc_mod, "_TASK_BYTES", 1)
     k = 1000
     n = 3 * (acc_mod._BLOCK_BYTES // (4 * k)) + 5
     probs = np.full((n, k), 1 / k, np.float32)
@@ -308,7 +321,7 @@ def _update_in_child(probs, labels, expected_top1_count):
 def test_threads_work_in_a_forked_child(monkeypatch):
     import multiprocessing
 
-    monkeypatch.setattr(acc_mod, "_MIN_VALUES_PER_THREAD", 64)
+    monkeypatch.setattr(acc_mod, "_TASK_BYTES", 1)
     monkeypatch.setattr(acc_mod, "_BLOCK_BYTES", 16 * 4 * 500)  # 16 rows a block
     rng = np.random.default_rng(4)
     probs = rng.random((300, 500), dtype=np.float32)
@@ -325,3 +338,18 @@ def test_threads_work_in_a_forked_child(monkeypatch):
         child.kill()
         pytest.fail("dense update hung in a forked child")
     assert child.exitcode == 0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_error_in_a_later_fold_keeps_the_earlier_folds(monkeypatch, threads):
+    # as before the kernel: folds before the failing one stay added, nothing after
+    monkeypatch.setattr(acc_mod, "_BLOCK_BYTES", 7 * 4 * 64)
+    monkeypatch.setattr(acc_mod, "_FOLD_BYTES", 3 * 7 * 4 * 64)  # 21 rows a fold
+    monkeypatch.setattr(acc_mod, "_TASK_BYTES", 7 * 4 * 64)
+    probs = np.full((100, 64), 1 / 64, np.float32)
+    probs[50, 3] = np.nan  # in the third fold (rows 42..62)
+    acc = CalibrationAccumulator(64, threads=threads)
+    with pytest.raises(InputError, match="row 50 contains NaN or inf"):
+        acc.update(probs, np.zeros(100, np.int64))
+    assert acc.positions == 42
+    assert acc.compute().label_count[0] == 42

@@ -40,9 +40,9 @@ from pipeline.core.tables import CLASS_BIN_VALUES, SEQ_BIN_VALUES, BinTables, Sp
 # non-contiguous or non-float32 input -> contiguous float32) before the kernel.
 _BLOCK_BYTES = 4 << 20
 _FOLD_BYTES = 64 << 20  # blocks summarised before one fold (see _update_dense)
-# A dense numpy fold group is split over threads only when each thread gets at
-# least this many values (smaller calls stay on the caller's thread).
-_MIN_VALUES_PER_THREAD = 1 << 20
+# A dense numpy fold group is cut into tasks of at least this many bytes (whole
+# blocks), summarised by the kernel on the threads (docs/performance.md).
+_TASK_BYTES = 16 << 20
 _COMPACT_ROWS = 4_000_000  # sparse parts are group-summed past this many rows
 
 
@@ -351,31 +351,50 @@ class CalibrationAccumulator:
             except InputError as err:
                 raise InputError(f"{err} (row offset {self.positions})") from None
 
-        threads = self.threads
-        for first in range(0, n, fold_rows):
-            stop = min(first + fold_rows, n)
-            # contiguous parts of whole blocks, one per thread
-            use = max(1, min(threads, (stop - first) * k // _MIN_VALUES_PER_THREAD))
-            per = block * -(-(stop - first) // (block * use))
-            bounds = [(a, min(a + per, stop)) for a in range(first, stop, per)]
-            if len(bounds) == 1:
-                parts = [
-                    _summarise_numpy(data, labels, self._threshold, first, stop, block, to_probs)
-                ]
-            else:
-                pool = _thread_pool(len(bounds))
-                futures = [
-                    pool.submit(
-                        _summarise_numpy, data, labels, self._threshold, a, z, block, to_probs
-                    )
-                    for a, z in bounds
-                ]
-                parts = [fut.result() for fut in futures]  # the first failing part raises
+        # each fold group is cut into tasks of whole blocks, the same cut for
+        # any thread count: a task's column sums are its own, added in task
+        # order by _merge_summaries, so the sums do not depend on the threads
+        task_rows = block * -(-_TASK_BYTES // (block * k * 4))
+        groups = [(a, min(a + fold_rows, n)) for a in range(0, n, fold_rows)]
+
+        def tasks(group):
+            first, stop = group
+            return [(a, min(a + task_rows, stop)) for a in range(first, stop, task_rows)]
+
+        def summarise(a, z):
+            return _summarise_numpy(data, labels, self._threshold, a, z, block, to_probs)
+
+        def fold(group, parts):
+            first, stop = group
             self._fold_dense(
-                _merge_summaries([(a, part) for (a, _), part in zip(bounds, parts, strict=True)]),
+                _merge_summaries(parts),
                 labels[first:stop],
                 None if seq_ids is None else seq_ids[first:stop],
             )
+
+        if self.threads == 1 or len(tasks(groups[0])) == 1:
+            for group in groups:
+                fold(group, [(a, summarise(a, z)) for a, z in tasks(group)])
+            return
+        # threads take tasks as they come free (a thread slowed by other work
+        # on its core takes fewer); the next group's tasks are queued before
+        # this group is folded, so the threads work on while it folds
+        pool = _thread_pool(self.threads)
+
+        def submit(group):
+            return [(a, pool.submit(summarise, a, z)) for a, z in tasks(group)]
+
+        pending = submit(groups[0])
+        for i, group in enumerate(groups):
+            queued = submit(groups[i + 1]) if i + 1 < len(groups) else []
+            try:
+                parts = [(a, fut.result()) for a, fut in pending]  # the first failing task raises
+                fold(group, parts)
+            except BaseException:
+                for _, fut in queued:
+                    fut.cancel()
+                raise
+            pending = queued
 
     def _update_dense_torch(self, data, labels, seq_ids, block, fold_rows, from_logits, logsumexp):
         n = data.shape[0]
