@@ -233,21 +233,24 @@ RADIX_BITS = 13  # digit of the radix sort: 8192 buckets, their heads fit in L2
 
 
 @numba.njit(cache=True, nogil=True)
-def group_class_bins(ids, bins, n, p_sum, hits, key_bits, row_bits, stride):
-    """Sum n, p_sum and hits over equal (id, bin), bins in [0, stride).
+def group_class_bins(ids, bins, n, p_sum, hits, key_bits, row_bits, stride, key_lo, key_hi):
+    """Sum n, p_sum and hits over equal (id, bin), bins in [0, stride), for
+    the keys id * stride + bin in [key_lo, key_hi) (ranges can go to threads).
 
-    Each row becomes one uint64, key = id * stride + bin (``key_bits`` bits)
+    Each such row becomes one uint64, its key - key_lo (``key_bits`` bits)
     above its row number (``row_bits`` bits; key_bits + row_bits <= 64), and a
     least-significant-digit radix sort on the key bits orders them: stable,
     so equal keys keep their input order and are summed in it (the order of
     a stable sort by key, in O(rows) per digit). Returns the unique (id, bin)
     in ascending order and their sums.
     """
-    m = ids.size
     rb = np.uint64(row_bits)
-    a = np.empty(m, np.uint64)
-    for i in range(m):
-        a[i] = (np.uint64(ids[i] * stride + bins[i]) << rb) | np.uint64(i)
+    a = np.empty(ids.size, np.uint64)
+    m = 0
+    for i in range(ids.size):  # branch-free: every row is written, the in-range ones kept
+        key = ids[i] * stride + bins[i]
+        a[m] = (np.uint64(key - key_lo) << rb) | np.uint64(i)
+        m += (key >= key_lo) & (key < key_hi)
     tmp = np.empty(m, np.uint64)
     buckets = 1 << RADIX_BITS
     mask = np.uint64(buckets - 1)
@@ -285,8 +288,8 @@ def group_class_bins(ids, bins, n, p_sum, hits, key_bits, row_bits, stride):
         if key != last:
             g += 1
             last = key
-            out_ids[g] = key // stride
-            out_bins[g] = key % stride
+            out_ids[g] = (key + key_lo) // stride
+            out_bins[g] = (key + key_lo) % stride
             out_n[g] = n[i]
             out_p[g] = p_sum[i]
             out_h[g] = hits[i]

@@ -43,6 +43,7 @@ _FOLD_BYTES = 64 << 20  # blocks summarised before one fold (see _update_dense)
 # A dense numpy fold group is cut into tasks of at least this many bytes (whole
 # blocks), summarised by the kernel on the threads (docs/performance.md).
 _TASK_BYTES = 16 << 20
+_GROUP_ROWS_PER_RANGE = 1 << 18  # compute() groups class_bins on threads past this
 _COMPACT_ROWS = 4_000_000  # sparse parts are group-summed past this many rows
 
 
@@ -212,18 +213,22 @@ def _summarise_torch(p, labels, threshold, exact_row_sums) -> _DenseSummary:
     )
 
 
-def _group_class_parts(parts: list[SparseBins], vocab_size: int, stride: int) -> SparseBins:
+def _group_class_parts(
+    parts: list[SparseBins], vocab_size: int, stride: int, threads: int = 1
+) -> SparseBins:
     """SparseBins.concat(parts, stride, CLASS_BIN_VALUES, group_single=True),
     by the compiled radix-sort group of pipeline.core._dense_kernel (class ids
-    are < K, bins < F + 1: a few linear passes, no comparison sort)."""
+    are < K, bins < F + 1: a few linear passes, no comparison sort). With
+    threads, ranges of class ids of about equal row counts are grouped on the
+    threads; each range sums its rows in input order, so the result is the same."""
     parts = [p for p in parts if p.ids.size]
     if not parts:
         return SparseBins.empty(CLASS_BIN_VALUES)
     from pipeline.core import _dense_kernel as kernel
 
     rows = sum(p.ids.size for p in parts)
-    key_bits, row_bits = kernel.bits_for(vocab_size * stride), kernel.bits_for(rows)
-    if key_bits + row_bits > 64:  # beyond any memory in sight; numpy's sort then
+    row_bits = kernel.bits_for(rows)
+    if kernel.bits_for(vocab_size * stride) + row_bits > 64:  # beyond any memory in sight
         return SparseBins.concat(parts, stride, CLASS_BIN_VALUES, group_single=True)
     ids = np.concatenate([p.ids for p in parts]).astype(np.int64, copy=False)
     bins = np.concatenate([p.bins for p in parts]).astype(np.int32, copy=False)
@@ -233,10 +238,35 @@ def _group_class_parts(parts: list[SparseBins], vocab_size: int, stride: int) ->
         np.concatenate([p.values[name] for p in parts]).astype(dtype, copy=False)
         for name, dtype in zip(CLASS_BIN_VALUES, (np.int64, np.float64, np.int64), strict=True)
     ]
-    out_ids, out_bins, *sums = kernel.group_class_bins(
-        ids, bins, *columns, key_bits, row_bits, stride
-    )
-    return SparseBins(out_ids, out_bins, dict(zip(CLASS_BIN_VALUES, sums, strict=True)))
+    ranges = 1 if threads == 1 or rows < _GROUP_ROWS_PER_RANGE else 2 * threads
+    if ranges == 1:
+        edges = np.array([0, vocab_size])
+    else:  # class-id edges that split the rows into about equal ranges
+        cum = np.cumsum(np.bincount(ids, minlength=vocab_size))
+        edges = np.unique(
+            np.r_[0, np.searchsorted(cum, np.arange(1, ranges) * rows / ranges), vocab_size]
+        )
+
+    def group(lo, hi):
+        key_lo, key_hi = int(lo) * stride, int(hi) * stride
+        return kernel.group_class_bins(
+            ids, bins, *columns, kernel.bits_for(key_hi - key_lo), row_bits, stride, key_lo, key_hi
+        )
+
+    if ranges == 1:
+        results = [group(0, vocab_size)]
+    else:
+        pool = _thread_pool(threads)
+        results = [
+            f.result()
+            for f in [
+                pool.submit(group, lo, hi) for lo, hi in zip(edges[:-1], edges[1:], strict=True)
+            ]
+        ]
+    out = [
+        np.concatenate(col) if len(results) > 1 else col[0] for col in zip(*results, strict=True)
+    ]
+    return SparseBins(out[0], out[1], dict(zip(CLASS_BIN_VALUES, out[2:], strict=True)))
 
 
 def _first_max_per_row(offsets, ids, vals):
@@ -696,7 +726,9 @@ class CalibrationAccumulator:
                 "hits": self._bin1_hits[present],
             },
         )
-        class_bins = _group_class_parts([bin1, *self._class_parts], self.vocab_size, stride)
+        class_bins = _group_class_parts(
+            [bin1, *self._class_parts], self.vocab_size, stride, self.threads
+        )
         seq_bins = SparseBins.concat(self._seq_parts, stride, SEQ_BIN_VALUES, group_single=True)
         return BinTables(
             fine_bins=self.fine_bins,
