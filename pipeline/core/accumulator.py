@@ -19,6 +19,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -97,31 +98,52 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
+_pools: dict[int, ThreadPoolExecutor] = {}  # by size: the dense kernel releases the GIL
+_pools_lock = threading.Lock()
 
 
-def _thread_pool(threads: int) -> ThreadPoolExecutor:
-    """One shared pool for the dense kernel (it releases the GIL), grown on demand."""
-    global _pool, _pool_size
-    with _pool_lock:
-        if _pool is None or _pool_size < threads:
-            old, _pool = _pool, ThreadPoolExecutor(threads, thread_name_prefix="fullece-dense")
-            _pool_size = threads
-            if old is not None:
-                old.shutdown(wait=False)
-        return _pool
+def _start_tasks(tasks: list, threads: int) -> list:
+    """Queue zero-argument callables on a pool of ``threads - 1`` threads;
+    :func:`_finish_tasks` runs the ones still queued on the calling thread."""
+    with _pools_lock:
+        pool = _pools.get(threads - 1)
+        if pool is None:
+            pool = _pools[threads - 1] = ThreadPoolExecutor(
+                threads - 1, thread_name_prefix="fullece-dense"
+            )
+    return [(task, pool.submit(task)) for task in tasks]
 
 
-def _forget_pool() -> None:
-    # a forked child has none of the parent's threads: it starts its own pool
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
+def _finish_tasks(started: list) -> list:
+    """The results of started tasks in their order; the calling thread takes
+    the tasks no pool thread has started (so ``threads`` threads work, and one
+    slowed by other work on its core takes fewer). The first failing task, in
+    task order, raises."""
+    done = {}
+    for i in reversed(range(len(started))):
+        task, fut = started[i]
+        if fut.cancel():
+            try:
+                done[i] = task()
+            except BaseException as err:  # raised below, in task order
+                done[i] = err
+    results = []
+    for i, (_, fut) in enumerate(started):
+        result = done[i] if i in done else fut.result()
+        if isinstance(result, BaseException):
+            raise result
+        results.append(result)
+    return results
 
 
-_pool_size = 0
+def _forget_pools() -> None:
+    # a forked child has none of the parent's threads: it starts its own pools
+    global _pools, _pools_lock
+    _pools, _pools_lock = {}, threading.Lock()
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
+    os.register_at_fork(after_in_child=_forget_pools)
 
 
 def _grow(buffers, fill: int, need: int):
@@ -256,13 +278,8 @@ def _group_class_parts(
     if ranges == 1:
         results = [group(0, vocab_size)]
     else:
-        pool = _thread_pool(threads)
-        results = [
-            f.result()
-            for f in [
-                pool.submit(group, lo, hi) for lo, hi in zip(edges[:-1], edges[1:], strict=True)
-            ]
-        ]
+        bounds = zip(edges[:-1], edges[1:], strict=True)
+        results = _finish_tasks(_start_tasks([partial(group, a, z) for a, z in bounds], threads))
     out = [
         np.concatenate(col) if len(results) > 1 else col[0] for col in zip(*results, strict=True)
     ]
@@ -406,20 +423,19 @@ class CalibrationAccumulator:
             for group in groups:
                 fold(group, [(a, summarise(a, z)) for a, z in tasks(group)])
             return
-        # threads take tasks as they come free (a thread slowed by other work
-        # on its core takes fewer); the next group's tasks are queued before
-        # this group is folded, so the threads work on while it folds
-        pool = _thread_pool(self.threads)
 
-        def submit(group):
-            return [(a, pool.submit(summarise, a, z)) for a, z in tasks(group)]
+        # the pool's threads and this one take tasks as they come free; the
+        # next group's tasks are queued before this group is folded, so the
+        # pool works on while this thread folds
+        def start(group):
+            return _start_tasks([partial(summarise, a, z) for a, z in tasks(group)], self.threads)
 
-        pending = submit(groups[0])
+        pending = start(groups[0])
         for i, group in enumerate(groups):
-            queued = submit(groups[i + 1]) if i + 1 < len(groups) else []
+            queued = start(groups[i + 1]) if i + 1 < len(groups) else []
             try:
-                parts = [(a, fut.result()) for a, fut in pending]  # the first failing task raises
-                fold(group, parts)
+                parts = _finish_tasks(pending)
+                fold(group, list(zip([a for a, _ in tasks(group)], parts, strict=True)))
             except BaseException:
                 for _, fut in queued:
                     fut.cancel()
