@@ -172,7 +172,7 @@ def _summarise_numpy(data, labels, threshold, first, stop, block, to_probs) -> _
     # K is kept free (the kernel asks for more before rows that may not fit)
     room = 4 * k
     empty = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float32))
-    buffers = _grow(empty, 0, room + 32 * b)
+    buffers = _grow(empty, 0, room + 128 * b)  # rows with more entries grow them
     fill, min_value = 0, 0.0
     for start in range(first, stop, block):
         end = min(start + block, stop)
