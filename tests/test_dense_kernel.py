@@ -360,3 +360,23 @@ def test_error_in_a_later_fold_keeps_the_earlier_folds(monkeypatch, threads):
         acc.update(probs, np.zeros(100, np.int64))
     assert acc.positions == 42
     assert acc.compute().label_count[0] == 42
+
+
+def test_small_updates_keep_no_kernel_buffers():
+    # the class parts hold their entries, not views of the kernel's (much
+    # larger) buffers: memory follows the entries, not the number of updates
+    rng = np.random.default_rng(8)
+    probs = rng.random((8, 32_000), dtype=np.float32) ** 40
+    probs /= probs.sum(axis=1, keepdims=True)
+    acc = CalibrationAccumulator(32_000)
+    for _ in range(20):
+        acc.update(probs, np.zeros(8, np.int64))
+    held = used = 0
+    for part in acc._class_parts:
+        for arr in (part.ids, part.bins, *part.values.values()):
+            used += arr.nbytes
+            base = arr
+            while base.base is not None and isinstance(base.base, np.ndarray):
+                base = base.base
+            held += base.nbytes
+    assert used > 0 and held <= 2 * used

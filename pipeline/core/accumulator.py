@@ -196,7 +196,8 @@ def _summarise_numpy(data, labels, threshold, first, stop, block, to_probs) -> _
                 top1_prob[lo + i] = p[i, top1_id[lo + i]]
         if negatives or nonfinite:
             min_value = float(np.minimum(min_value, p.min()))  # numpy's min: NaN propagates
-    rows, cols, vals = (buf[:fill] for buf in buffers)
+    # copies: views would keep the whole buffers alive in the class parts
+    rows, cols, vals = (buf[:fill].copy() for buf in buffers)
     return _DenseSummary(
         row_sums=row_sums,
         col_sums=col_sums,
