@@ -726,24 +726,24 @@ def bench_throughput(probs, labels) -> dict:
 def bench_dense_pass(n: int, k: int, seed: int, repeat: int = 5) -> dict:
     """Issue 14: ``update`` + ``compute`` against one ``np.sum(axis=0)`` of the
     same float32 [n, K] array, interleaved, best of `repeat` (spread kept).
-    np.sum runs on one thread; ours on ``threads`` (the accumulator's default:
-    one per available core), recorded with the ratio, and on one thread too
-    when that default is more than one."""
+    np.sum runs on one thread, and so does ours for the headline ratio; ours
+    is timed on the accumulator's default too (one thread per available
+    core) when that is more than one."""
     probs, labels = make_dense(n, k, seed)
-    threads = CalibrationAccumulator(k).threads
+    cores = CalibrationAccumulator(k).threads
     runs = {"np_sum_axis0_f32": lambda: np.sum(probs, axis=0)}
 
-    def ours(t):
+    def ours(threads):
         def run():
-            acc = CalibrationAccumulator(k, threads=t)
+            acc = CalibrationAccumulator(k, threads=threads)
             acc.update(probs, labels)
             acc.compute()
 
         return run
 
-    runs["ours_update_compute"] = ours(threads)
-    if threads > 1:
-        runs["ours_update_compute_1thread"] = ours(1)
+    runs["ours_update_compute"] = ours(1)
+    if cores > 1:
+        runs["ours_update_compute_all_cores"] = ours(cores)
     for fn in runs.values():
         fn()  # warm (first-touch of the accumulator's buffers, the compiled kernels)
     times = {name: [] for name in runs}
@@ -770,27 +770,28 @@ def bench_dense_pass(n: int, k: int, seed: int, repeat: int = 5) -> dict:
         "times_s": times,
         "best_s": best,
         "ratio_vs_np_sum_f32": ratio("ours_update_compute"),
-        "threads_ours": threads,
+        "threads_ours": 1,
         "threads_np_sum": 1,
         "ratio_spread": spread("ours_update_compute"),
         "target": TARGET_THROUGHPUT_RATIO,
         "target_met": ratio("ours_update_compute") >= TARGET_THROUGHPUT_RATIO,
     }
-    if threads > 1:
-        out["ratio_vs_np_sum_f32_1thread"] = ratio("ours_update_compute_1thread")
-        out["ratio_spread_1thread"] = spread("ours_update_compute_1thread")
     say(
         f"\ndense pass N={n:,} x K={k:,} float32 ({probs.nbytes / 2**20:.0f} MiB): "
         f"np.sum(axis=0) {best['np_sum_axis0_f32']:.4f} s, update+compute "
-        f"{best['ours_update_compute']:.4f} s on {threads} thread(s): ratio "
+        f"{best['ours_update_compute']:.4f} s, both on one thread: ratio "
         f"{out['ratio_vs_np_sum_f32']:.2f} (target >= {TARGET_THROUGHPUT_RATIO}; spread "
         f"{out['ratio_spread'][0]:.2f}..{out['ratio_spread'][1]:.2f} over {repeat} interleaved runs)"
     )
-    if threads > 1:
+    if cores > 1:
+        out["threads_all_cores"] = cores
+        out["ratio_vs_np_sum_f32_all_cores"] = ratio("ours_update_compute_all_cores")
+        out["ratio_spread_all_cores"] = spread("ours_update_compute_all_cores")
         say(
-            f"  on 1 thread: update+compute {best['ours_update_compute_1thread']:.4f} s, ratio "
-            f"{out['ratio_vs_np_sum_f32_1thread']:.2f} (spread "
-            f"{out['ratio_spread_1thread'][0]:.2f}..{out['ratio_spread_1thread'][1]:.2f})"
+            f"  ours on {cores} threads (the default): update+compute "
+            f"{best['ours_update_compute_all_cores']:.4f} s, ratio "
+            f"{out['ratio_vs_np_sum_f32_all_cores']:.2f} (spread "
+            f"{out['ratio_spread_all_cores'][0]:.2f}..{out['ratio_spread_all_cores'][1]:.2f})"
         )
     return out
 
@@ -1244,8 +1245,13 @@ def _targets(result: dict) -> dict:
     if dp:
         lines.append(
             f"dense pass N={dp['N']:,} x K={dp['K']:,}: update+compute at "
-            f"{dp['ratio_vs_np_sum_f32']:.2f} of np.sum(axis=0) on {dp['threads_ours']} "
-            f"thread(s) (>= {TARGET_THROUGHPUT_RATIO}: {'met' if dp['target_met'] else 'NOT met'})"
+            f"{dp['ratio_vs_np_sum_f32']:.2f} of np.sum(axis=0), both on one thread "
+            f"(>= {TARGET_THROUGHPUT_RATIO}: {'met' if dp['target_met'] else 'NOT met'})"
+            + (
+                f"; {dp['ratio_vs_np_sum_f32_all_cores']:.2f} on {dp['threads_all_cores']} threads"
+                if "threads_all_cores" in dp
+                else ""
+            )
         )
     comp = result.get("compressed")
     if comp and "error" not in comp:
