@@ -68,7 +68,7 @@ def _merge_summaries(parts: list[tuple[int, _DenseSummary]]) -> _DenseSummary:
     if len(parts) == 1:
         return parts[0][1]
     first = parts[0][0]
-    col_sums = parts[0][1].col_sums.copy()
+    col_sums = parts[0][1].col_sums  # the parts are consumed: add in place
     for _, s in parts[1:]:
         col_sums += s.col_sums
     return _DenseSummary(
