@@ -380,3 +380,24 @@ def test_small_updates_keep_no_kernel_buffers():
                 base = base.base
             held += base.nbytes
     assert used > 0 and held <= 2 * used
+
+
+@pytest.mark.parametrize("F", [1, 7, 10, 100, 1000, 2**20 + 3])
+def test_compiled_fine_bins_follow_the_one_bin_rule(F):
+    from pipeline.core import _dense_kernel as kernel
+    from pipeline.core.binning import fine_bin_index
+
+    edges = np.array([m / F for m in range(F + 1)] if F <= 1000 else [0.5, 1.0], np.float64)
+    values = np.concatenate(
+        [
+            edges.astype(np.float32),
+            np.nextafter(edges.astype(np.float32), f32(0)),
+            np.nextafter(edges.astype(np.float32), f32(2)),
+            np.random.default_rng(F).random(10_000, dtype=np.float32),
+            [f32(0), f32(1), bin1_threshold(F), np.nextafter(bin1_threshold(F), f32(2))],
+        ]
+    ).astype(np.float32)
+    values = values[(values >= 0) & (values <= 1)]
+    got = kernel.fine_bins(values, F)
+    assert got.dtype == np.int32
+    assert np.array_equal(got, fine_bin_index(values, F))

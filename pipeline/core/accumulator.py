@@ -61,6 +61,7 @@ class _DenseSummary:
     label_probs: np.ndarray  # float32 [b]
     top1_id: np.ndarray  # int64 [b], argmax: first index among ties
     top1_prob: np.ndarray  # float32 [b]
+    bins: np.ndarray | None = None  # int32 [nnz] fine bins of vals (None: not computed yet)
 
 
 def _merge_summaries(parts: list[tuple[int, _DenseSummary]]) -> _DenseSummary:
@@ -81,6 +82,9 @@ def _merge_summaries(parts: list[tuple[int, _DenseSummary]]) -> _DenseSummary:
         label_probs=np.concatenate([s.label_probs for _, s in parts]),
         top1_id=np.concatenate([s.top1_id for _, s in parts]),
         top1_prob=np.concatenate([s.top1_prob for _, s in parts]),
+        bins=None
+        if any(s.bins is None for _, s in parts)
+        else np.concatenate([s.bins for _, s in parts]),
     )
 
 
@@ -154,7 +158,9 @@ def _grow(buffers, fill: int, need: int):
     return out
 
 
-def _summarise_numpy(data, labels, threshold, first, stop, block, to_probs) -> _DenseSummary:
+def _summarise_numpy(
+    data, labels, threshold, fine_bins, first, stop, block, to_probs
+) -> _DenseSummary:
     """Rows first..stop of the numpy ``data`` summarised by the compiled kernel
     (pipeline.core._dense_kernel), one row at a time, in blocks of ``block``
     rows; ``to_probs(start, stop)`` gives a block as C-contiguous float32
@@ -198,6 +204,9 @@ def _summarise_numpy(data, labels, threshold, first, stop, block, to_probs) -> _
             min_value = float(np.minimum(min_value, p.min()))  # numpy's min: NaN propagates
     # copies: views would keep the whole buffers alive in the class parts
     rows, cols, vals = (buf[:fill].copy() for buf in buffers)
+    # fine bins of the entries above bin 1 here, on the task's thread (values
+    # above 1 bin past F and are rejected by the fold's range check)
+    bins = kernel.fine_bins(vals, fine_bins) if np.isfinite(vals).all() else None
     return _DenseSummary(
         row_sums=row_sums,
         col_sums=col_sums,
@@ -208,6 +217,7 @@ def _summarise_numpy(data, labels, threshold, first, stop, block, to_probs) -> _
         label_probs=label_probs,
         top1_id=top1_id,
         top1_prob=top1_prob,
+        bins=bins,
     )
 
 
@@ -410,7 +420,9 @@ class CalibrationAccumulator:
             return [(a, min(a + task_rows, stop)) for a in range(first, stop, task_rows)]
 
         def summarise(a, z):
-            return _summarise_numpy(data, labels, self._threshold, a, z, block, to_probs)
+            return _summarise_numpy(
+                data, labels, self._threshold, self.fine_bins, a, z, block, to_probs
+            )
 
         def fold(group, parts):
             first, stop = group
@@ -482,7 +494,7 @@ class CalibrationAccumulator:
         self._bin1_n += b - big_count
         self._bin1_p_sum += s.col_sums - big_sum
         self._bin1_hits += np.bincount(labels[label_in_bin1], minlength=k)
-        fine = fine_bin_index(s.vals, f)
+        fine = fine_bin_index(s.vals, f) if s.bins is None else s.bins
         hit = (s.cols == labels[s.rows]).astype(np.int64)
         self._add_class_part(s.cols, fine, np.ones_like(hit), vals64, hit)
 
