@@ -132,11 +132,16 @@ def _finish_tasks(started: list) -> list:
             except BaseException as err:  # raised below, in task order
                 done[i] = err
     results = []
-    for i, (_, fut) in enumerate(started):
-        result = done[i] if i in done else fut.result()
-        if isinstance(result, BaseException):
-            raise result
-        results.append(result)
+    try:
+        for i, (_, fut) in enumerate(started):
+            result = done[i] if i in done else fut.result()
+            if isinstance(result, BaseException):
+                raise result
+            results.append(result)
+    except BaseException:
+        for _, fut in started:  # no work for results nobody will read
+            fut.cancel()
+        raise
     return results
 
 
