@@ -401,3 +401,15 @@ def test_compiled_fine_bins_follow_the_one_bin_rule(F):
     got = kernel.fine_bins(values, F)
     assert got.dtype == np.int32
     assert np.array_equal(got, fine_bin_index(values, F))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_nan_logits_in_a_later_block_name_their_row(monkeypatch, threads):
+    monkeypatch.setattr(acc_mod, "_BLOCK_BYTES", 7 * 4 * 64)  # 7 rows a block
+    monkeypatch.setattr(acc_mod, "_TASK_BYTES", 1)
+    logits = np.zeros((100, 64), np.float32)
+    logits[53, 5] = np.nan  # row 4 of the block starting at row 49
+    acc = CalibrationAccumulator(64, threads=threads)
+    acc.update_logits(logits[:10], np.zeros(10, np.int64))
+    with pytest.raises(InputError, match=r"logits of row 4 contain NaN or inf \(row offset 59\)"):
+        acc.update_logits(logits, np.zeros(100, np.int64))

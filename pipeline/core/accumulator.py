@@ -403,6 +403,7 @@ class CalibrationAccumulator:
         if not from_logits and data.dtype != np.float32:
             data = data.astype(np.float32)  # the probability of record
         lse_all = None if logsumexp is None else to_numpy(logsumexp)
+        base = self.positions  # tasks run beside the folds that move self.positions
 
         def to_probs(start, stop):
             chunk = data[start:stop]
@@ -411,8 +412,8 @@ class CalibrationAccumulator:
             lse = None if lse_all is None else lse_all[start:stop]
             try:
                 return np.ascontiguousarray(probs_of_record(chunk, lse))
-            except InputError as err:
-                raise InputError(f"{err} (row offset {self.positions})") from None
+            except InputError as err:  # its row counts from the block's first row
+                raise InputError(f"{err} (row offset {base + start})") from None
 
         # each fold group is cut into tasks of whole blocks, the same cut for
         # any thread count: a task's column sums are its own, added in task
