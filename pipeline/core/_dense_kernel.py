@@ -5,10 +5,12 @@ Kept in its own module so that importing the pipeline never imports numba
 (the accumulator imports this on the first dense numpy update).
 
 One call reads each row of a float32 block once from memory: a vectorised
-loop adds the row into the float64 column sums and counts what the checks and
-the sparse split need, then, only for the row's chunks that hold an entry
-above the bin-1 threshold, a scalar loop over the same (cached) chunk appends
-(row, column, value) and tracks the first maximum.
+loop (four rows at a time) adds the rows into the float64 column sums, sums
+each row, counts what the checks need and writes a byte mask of the entries
+above the bin-1 threshold; then, only for the chunks that hold such an entry,
+the mask (still in L1) gives their columns, and (row, column, value) are
+appended and the first maximum tracked. ``group_class_bins`` is the radix
+group of ``CalibrationAccumulator.compute``; ``fine_bins`` the one bin rule.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 from numba.cpython.unsafe.numbers import trailing_zeros
 
 # Columns per chunk: the vectorised loop counts entries above the threshold
-# per chunk, and only chunks with one are scanned again (from L1).
+# per chunk, and only chunks with one have their mask read (from L1).
 CHUNK = 512
 
 # reassoc lets LLVM vectorise the float64 row-sum reduction (any order of
