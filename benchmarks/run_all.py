@@ -110,6 +110,9 @@ def headline_ratios(benchmarks: dict) -> dict:
         "dense_update_compute_vs_np_sum": {
             "ratio": dense.get("ratio_vs_np_sum_f32"),
             "spread": dense.get("ratio_spread"),
+            "threads": dense.get("threads_ours"),  # one, as np.sum
+            "ratio_all_cores": dense.get("ratio_vs_np_sum_f32_all_cores"),
+            "threads_all_cores": dense.get("threads_all_cores"),
             "target": 0.5,
             "what": "np.sum(axis=0) time / CalibrationAccumulator update+compute time",
         },

@@ -15,7 +15,11 @@ Memory is O(K + sparse table + one block), never O(N x K).
 
 from __future__ import annotations
 
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -33,10 +37,14 @@ from pipeline.core.checks import (
 from pipeline.core.probability import probs_of_record
 from pipeline.core.tables import CLASS_BIN_VALUES, SEQ_BIN_VALUES, BinTables, SparseBins
 
-# Rows per block: keeps a block's temporaries near L2/L3 size so the several
-# reductions over it re-read cache, not memory.
+# Rows per block: the unit of conversion (logits -> probabilities of record,
+# non-contiguous or non-float32 input -> contiguous float32) before the kernel.
 _BLOCK_BYTES = 4 << 20
 _FOLD_BYTES = 64 << 20  # blocks summarised before one fold (see _update_dense)
+# A dense numpy fold group is cut into tasks of at least this many bytes (whole
+# blocks), summarised by the kernel on the threads (docs/performance.md).
+_TASK_BYTES = 16 << 20
+_GROUP_ROWS_PER_RANGE = 1 << 18  # compute() groups class_bins on threads past this
 _COMPACT_ROWS = 4_000_000  # sparse parts are group-summed past this many rows
 
 
@@ -49,10 +57,11 @@ class _DenseSummary:
     rows: np.ndarray  # int64 [nnz] entries above the bin-1 threshold
     cols: np.ndarray  # int64 [nnz]
     vals: np.ndarray  # float32 [nnz]
-    min_value: float
+    min_value: float  # numpy path: 0.0 when no value is negative or NaN (only its sign is used)
     label_probs: np.ndarray  # float32 [b]
     top1_id: np.ndarray  # int64 [b], argmax: first index among ties
     top1_prob: np.ndarray  # float32 [b]
+    bins: np.ndarray | None = None  # int32 [nnz] fine bins of vals (None: not computed yet)
 
 
 def _merge_summaries(parts: list[tuple[int, _DenseSummary]]) -> _DenseSummary:
@@ -60,7 +69,7 @@ def _merge_summaries(parts: list[tuple[int, _DenseSummary]]) -> _DenseSummary:
     if len(parts) == 1:
         return parts[0][1]
     first = parts[0][0]
-    col_sums = parts[0][1].col_sums.copy()
+    col_sums = parts[0][1].col_sums  # the parts are consumed: add in place
     for _, s in parts[1:]:
         col_sums += s.col_sums
     return _DenseSummary(
@@ -69,29 +78,151 @@ def _merge_summaries(parts: list[tuple[int, _DenseSummary]]) -> _DenseSummary:
         rows=np.concatenate([s.rows + (start - first) for start, s in parts]),
         cols=np.concatenate([s.cols for _, s in parts]),
         vals=np.concatenate([s.vals for _, s in parts]),
-        min_value=min(s.min_value for _, s in parts),
+        min_value=float(np.min([s.min_value for _, s in parts])),  # NaN propagates
         label_probs=np.concatenate([s.label_probs for _, s in parts]),
         top1_id=np.concatenate([s.top1_id for _, s in parts]),
         top1_prob=np.concatenate([s.top1_prob for _, s in parts]),
+        bins=None
+        if any(s.bins is None for _, s in parts)
+        else np.concatenate([s.bins for _, s in parts]),
     )
 
 
-def _summarise_numpy(p, labels, threshold, exact_row_sums) -> _DenseSummary:
-    b, k = p.shape
-    flat = np.flatnonzero(p > threshold)
-    rows, cols = np.divmod(flat, k)
-    top1 = p.argmax(axis=1)
+THREADS_ENV = "FULLECE_DENSE_THREADS"
+
+
+def default_threads() -> int:
+    """Threads a dense numpy update uses by default: $FULLECE_DENSE_THREADS if
+    set, else the cores this process may run on."""
+    if os.environ.get(THREADS_ENV):
+        return max(1, int(os.environ[THREADS_ENV]))
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+_pools: dict[int, ThreadPoolExecutor] = {}  # by size: the dense kernel releases the GIL
+_pools_lock = threading.Lock()
+
+
+def _start_tasks(tasks: list, threads: int) -> list:
+    """Queue zero-argument callables on a pool of ``threads - 1`` threads;
+    :func:`_finish_tasks` runs the ones still queued on the calling thread."""
+    with _pools_lock:
+        pool = _pools.get(threads - 1)
+        if pool is None:
+            pool = _pools[threads - 1] = ThreadPoolExecutor(
+                threads - 1, thread_name_prefix="fullece-dense"
+            )
+    return [(task, pool.submit(task)) for task in tasks]
+
+
+def _finish_tasks(started: list) -> list:
+    """The results of started tasks in their order; the calling thread takes
+    the tasks no pool thread has started (so ``threads`` threads work, and one
+    slowed by other work on its core takes fewer). The first failing task, in
+    task order, raises."""
+    done = {}
+    for i in reversed(range(len(started))):
+        task, fut = started[i]
+        if fut.cancel():
+            try:
+                done[i] = task()
+            except BaseException as err:  # raised below, in task order
+                done[i] = err
+    results = []
+    try:
+        for i, (_, fut) in enumerate(started):
+            result = done[i] if i in done else fut.result()
+            if isinstance(result, BaseException):
+                raise result
+            results.append(result)
+    except BaseException:
+        for _, fut in started:  # no work for results nobody will read
+            fut.cancel()
+        raise
+    return results
+
+
+def _forget_pools() -> None:
+    # a forked child has none of the parent's threads: it starts its own pools
+    global _pools, _pools_lock
+    _pools, _pools_lock = {}, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools)
+
+
+def _grow(buffers, fill: int, need: int):
+    cap = max(2 * buffers[0].size, fill + need)
+    out = tuple(np.empty(cap, b.dtype) for b in buffers)
+    for new, old in zip(out, buffers, strict=True):
+        new[:fill] = old[:fill]
+    return out
+
+
+def _summarise_numpy(
+    data, labels, threshold, fine_bins, first, stop, block, to_probs
+) -> _DenseSummary:
+    """Rows first..stop of the numpy ``data`` summarised by the compiled kernel
+    (pipeline.core._dense_kernel), one row at a time, in blocks of ``block``
+    rows; ``to_probs(start, stop)`` gives a block as C-contiguous float32
+    probabilities of record. Runs without the GIL: fold groups are split
+    over threads by _update_dense."""
+    from pipeline.core import _dense_kernel as kernel
+
+    b, k = stop - first, data.shape[1]
+    col_sums = np.zeros(k, np.float64)
+    row_sums = np.empty(b, np.float64)
+    label_probs = np.empty(b, np.float32)
+    top1_id = np.empty(b, np.int64)
+    top1_prob = np.empty(b, np.float32)
+    # entries above bin 1: fewer than F + 1 per valid row; room for four rows'
+    # K is kept free (the kernel asks for more before rows that may not fit)
+    room = 4 * k
+    empty = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float32))
+    buffers = _grow(empty, 0, room + 128 * b)  # rows with more entries grow them
+    fill, min_value = 0, 0.0
+    for start in range(first, stop, block):
+        end = min(start + block, stop)
+        p = to_probs(start, end)
+        lo, hi = start - first, end - first
+        out = (row_sums[lo:hi], label_probs[lo:hi], top1_id[lo:hi], top1_prob[lo:hi])
+        row = negatives = nonfinite = 0
+        while True:
+            row, fill, neg, bad = kernel.summarise(
+                p, labels[start:end], threshold, col_sums, *out, *buffers, fill, lo, row
+            )
+            negatives, nonfinite = negatives + neg, nonfinite + bad
+            if row == end - start:
+                break
+            buffers = _grow(buffers, fill, room)
+        if nonfinite:
+            # numpy's argmax on rows holding NaN or inf (the row check rejects
+            # them, unless check_rows=False)
+            for i in np.flatnonzero(~np.isfinite(out[0])):
+                top1_id[lo + i] = np.argmax(p[i])
+                top1_prob[lo + i] = p[i, top1_id[lo + i]]
+        if negatives or nonfinite:
+            min_value = float(np.minimum(min_value, p.min()))  # numpy's min: NaN propagates
+    # copies: views would keep the whole buffers alive in the class parts
+    rows, cols, vals = (buf[:fill].copy() for buf in buffers)
+    # fine bins of the entries above bin 1 here, on the task's thread (values
+    # above 1 bin past F and are rejected by the fold's range check)
+    bins = kernel.fine_bins(vals, fine_bins) if np.isfinite(vals).all() else None
     return _DenseSummary(
-        # float32 row sums suffice to validate rows; seq_bins needs them exact
-        row_sums=p.sum(axis=1, dtype=np.float64 if exact_row_sums else np.float32),
-        col_sums=p.sum(axis=0, dtype=np.float64),
+        row_sums=row_sums,
+        col_sums=col_sums,
         rows=rows,
         cols=cols,
-        vals=p.ravel()[flat],
-        min_value=float(p.min()),
-        label_probs=p[np.arange(b), labels],
-        top1_id=top1,
-        top1_prob=p[np.arange(b), top1],
+        vals=vals,
+        min_value=min_value,
+        label_probs=label_probs,
+        top1_id=top1_id,
+        top1_prob=top1_prob,
+        bins=bins,
     )
 
 
@@ -118,6 +249,57 @@ def _summarise_torch(p, labels, threshold, exact_row_sums) -> _DenseSummary:
         top1_id=top1.cpu().numpy().astype(np.int64),
         top1_prob=p[arange, top1].cpu().numpy(),
     )
+
+
+def _group_class_parts(
+    parts: list[SparseBins], vocab_size: int, stride: int, threads: int = 1
+) -> SparseBins:
+    """SparseBins.concat(parts, stride, CLASS_BIN_VALUES, group_single=True),
+    by the compiled radix-sort group of pipeline.core._dense_kernel (class ids
+    are < K, bins < F + 1: a few linear passes, no comparison sort). With
+    threads, ranges of class ids of about equal row counts are grouped on the
+    threads; each range sums its rows in input order, so the result is the same."""
+    parts = [p for p in parts if p.ids.size]
+    if not parts:
+        return SparseBins.empty(CLASS_BIN_VALUES)
+    from pipeline.core import _dense_kernel as kernel
+
+    rows = sum(p.ids.size for p in parts)
+    row_bits = kernel.bits_for(rows)
+    if kernel.bits_for(vocab_size * stride) + row_bits > 64:  # beyond any memory in sight
+        return SparseBins.concat(parts, stride, CLASS_BIN_VALUES, group_single=True)
+    ids = np.concatenate([p.ids for p in parts]).astype(np.int64, copy=False)
+    bins = np.concatenate([p.bins for p in parts]).astype(np.int32, copy=False)
+    if ids.min() < 0 or ids.max() >= vocab_size or bins.min() < 0 or bins.max() >= stride:
+        raise ValueError("class_bins part outside [0, K) x [0, F]")  # a bug, not bad input
+    columns = [
+        np.concatenate([p.values[name] for p in parts]).astype(dtype, copy=False)
+        for name, dtype in zip(CLASS_BIN_VALUES, (np.int64, np.float64, np.int64), strict=True)
+    ]
+    ranges = 1 if threads == 1 or rows < _GROUP_ROWS_PER_RANGE else 2 * threads
+    if ranges == 1:
+        edges = np.array([0, vocab_size])
+    else:  # class-id edges that split the rows into about equal ranges
+        cum = np.cumsum(np.bincount(ids, minlength=vocab_size))
+        edges = np.unique(
+            np.r_[0, np.searchsorted(cum, np.arange(1, ranges) * rows / ranges), vocab_size]
+        )
+
+    def group(lo, hi):
+        key_lo, key_hi = int(lo) * stride, int(hi) * stride
+        return kernel.group_class_bins(
+            ids, bins, *columns, kernel.bits_for(key_hi - key_lo), row_bits, stride, key_lo, key_hi
+        )
+
+    if ranges == 1:
+        results = [group(0, vocab_size)]
+    else:
+        bounds = zip(edges[:-1], edges[1:], strict=True)
+        results = _finish_tasks(_start_tasks([partial(group, a, z) for a, z in bounds], threads))
+    out = [
+        np.concatenate(col) if len(results) > 1 else col[0] for col in zip(*results, strict=True)
+    ]
+    return SparseBins(out[0], out[1], dict(zip(CLASS_BIN_VALUES, out[2:], strict=True)))
 
 
 def _first_max_per_row(offsets, ids, vals):
@@ -161,6 +343,7 @@ class CalibrationAccumulator:
         *,
         row_sum_atol: float = 1e-3,
         check_rows: bool = True,
+        threads: int | None = None,
     ):
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
@@ -168,6 +351,8 @@ class CalibrationAccumulator:
         self.fine_bins = check_n_bins(fine_bins)
         self.row_sum_atol = row_sum_atol
         self.check_rows = check_rows
+        # threads of a dense numpy update (None: one per available core)
+        self.threads = default_threads() if threads is None else max(1, int(threads))
         self._threshold = bin1_threshold(self.fine_bins)
         k, f = self.vocab_size, self.fine_bins
         self.positions = 0
@@ -206,39 +391,102 @@ class CalibrationAccumulator:
         labels = check_labels(labels, n, k, row_offset=self.positions)
         seq_ids = None if seq_ids is None else self._check_seq_ids(seq_ids, n)
         block = max(1, _BLOCK_BYTES // (4 * k))
-        torch_input = is_torch_tensor(data)
-        if not torch_input:
-            data = np.asarray(data)
-            if not from_logits and data.dtype != np.float32:
-                data = data.astype(np.float32)  # the probability of record
-        pending, pending_rows = [], 0
+        # rows per fold: whole blocks, at least _FOLD_BYTES of input; the fold's
+        # work over K (bincounts, vector updates) is paid once per fold
+        fold_rows = block * -(-_FOLD_BYTES // (block * k * 4))
+        if is_torch_tensor(data):
+            self._update_dense_torch(
+                data, labels, seq_ids, block, fold_rows, from_logits, logsumexp
+            )
+            return
+        data = np.asarray(data)
+        if not from_logits and data.dtype != np.float32:
+            data = data.astype(np.float32)  # the probability of record
+        lse_all = None if logsumexp is None else to_numpy(logsumexp)
+        base = self.positions  # tasks run beside the folds that move self.positions
+
+        def to_probs(start, stop):
+            chunk = data[start:stop]
+            if not from_logits:
+                return np.ascontiguousarray(chunk)
+            lse = None if lse_all is None else lse_all[start:stop]
+            try:
+                return np.ascontiguousarray(probs_of_record(chunk, lse))
+            except InputError as err:  # its row counts from the block's first row
+                raise InputError(f"{err} (row offset {base + start})") from None
+
+        # each fold group is cut into tasks of whole blocks, the same cut for
+        # any thread count: a task's column sums are its own, added in task
+        # order by _merge_summaries, so the sums do not depend on the threads
+        task_rows = block * -(-_TASK_BYTES // (block * k * 4))
+        groups = [(a, min(a + fold_rows, n)) for a in range(0, n, fold_rows)]
+
+        def tasks(group):
+            first, stop = group
+            return [(a, min(a + task_rows, stop)) for a in range(first, stop, task_rows)]
+
+        def summarise(a, z):
+            return _summarise_numpy(
+                data, labels, self._threshold, self.fine_bins, a, z, block, to_probs
+            )
+
+        def fold(group, parts):
+            first, stop = group
+            self._fold_dense(
+                _merge_summaries(parts),
+                labels[first:stop],
+                None if seq_ids is None else seq_ids[first:stop],
+            )
+
+        if self.threads == 1 or len(tasks(groups[0])) == 1:
+            for group in groups:
+                fold(group, [(a, summarise(a, z)) for a, z in tasks(group)])
+            return
+
+        # the pool's threads and this one take tasks as they come free; the
+        # next group's tasks are queued before this group is folded, so the
+        # pool works on while this thread folds
+        def start(group):
+            return _start_tasks([partial(summarise, a, z) for a, z in tasks(group)], self.threads)
+
+        pending = start(groups[0])
+        for i, group in enumerate(groups):
+            queued = start(groups[i + 1]) if i + 1 < len(groups) else []
+            try:
+                parts = _finish_tasks(pending)
+                fold(group, list(zip([a for a, _ in tasks(group)], parts, strict=True)))
+            except BaseException:
+                for _, fut in queued:
+                    fut.cancel()
+                raise
+            pending = queued
+
+    def _update_dense_torch(self, data, labels, seq_ids, block, fold_rows, from_logits, logsumexp):
+        n = data.shape[0]
+        pending = []
         for start in range(0, n, block):
             stop = min(start + block, n)
             chunk = data[start:stop]
-            lse = None if logsumexp is None else to_numpy(logsumexp)[start:stop]
             if from_logits:
+                lse = None if logsumexp is None else to_numpy(logsumexp)[start:stop]
                 try:
                     chunk = probs_of_record(chunk, lse)
                 except InputError as err:
                     raise InputError(f"{err} (row offset {self.positions})") from None
-            elif torch_input:
-                chunk = chunk.float()
             else:
-                chunk = np.ascontiguousarray(chunk)
-            summarise = _summarise_torch if torch_input else _summarise_numpy
+                chunk = chunk.float()
             lab = labels[start:stop]
-            pending.append((start, summarise(chunk, lab, self._threshold, seq_ids is not None)))
-            pending_rows += stop - start
-            # fold several blocks at once: the fold's work over K (bincounts, vector
-            # updates) is then paid once per _FOLD_BYTES of input, not once per block
-            if pending_rows * k * 4 >= _FOLD_BYTES or stop == n:
+            pending.append(
+                (start, _summarise_torch(chunk, lab, self._threshold, seq_ids is not None))
+            )
+            if stop - pending[0][0] >= fold_rows or stop == n:
                 first = pending[0][0]
                 self._fold_dense(
                     _merge_summaries(pending),
                     labels[first:stop],
                     None if seq_ids is None else seq_ids[first:stop],
                 )
-                pending, pending_rows = [], 0
+                pending = []
 
     def _fold_dense(self, s: _DenseSummary, labels: np.ndarray, seq_ids) -> None:
         b, k, f = labels.size, self.vocab_size, self.fine_bins
@@ -252,7 +500,7 @@ class CalibrationAccumulator:
         self._bin1_n += b - big_count
         self._bin1_p_sum += s.col_sums - big_sum
         self._bin1_hits += np.bincount(labels[label_in_bin1], minlength=k)
-        fine = fine_bin_index(s.vals, f)
+        fine = fine_bin_index(s.vals, f) if s.bins is None else s.bins
         hit = (s.cols == labels[s.rows]).astype(np.int64)
         self._add_class_part(s.cols, fine, np.ones_like(hit), vals64, hit)
 
@@ -513,8 +761,8 @@ class CalibrationAccumulator:
                 "hits": self._bin1_hits[present],
             },
         )
-        class_bins = SparseBins.concat(
-            [bin1, *self._class_parts], stride, CLASS_BIN_VALUES, group_single=True
+        class_bins = _group_class_parts(
+            [bin1, *self._class_parts], self.vocab_size, stride, self.threads
         )
         seq_bins = SparseBins.concat(self._seq_parts, stride, SEQ_BIN_VALUES, group_single=True)
         return BinTables(
