@@ -545,30 +545,45 @@ def _part_rows(part_dir: Path, kept: PartCache | None) -> int:
 
 
 def _reduce_in_memory(parts, out: Path, k: int, fine_bins: int, positions, tail_max, kept):
+    """The metric core's merge of the partial tables: class_bins and seq_bins
+    each summed and written by a thread of its own (numpy sorts and sums and
+    pyarrow encodes without the GIL), tokens and top1_bins meanwhile here."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pipeline.core.tables import BinTables
+    from pipeline.core.tables import BinTables, sparse_from_arrow, sparse_to_arrow
 
     def part_tables(part_dir):
         tables = kept.tables.get(Path(part_dir)) if kept else None
         return tables or {n: pq.read_table(part_dir / f"{n}.parquet") for n in TABLE_NAMES}
 
     loaded = [part_tables(part_dir) for _, _, part_dir, _ in parts]
-    summed = BinTables.from_arrow(
-        {name: pa.concat_tables([t[name] for t in loaded]) for name in TABLE_NAMES},
-        fine_bins=fine_bins,
-        vocab_size=k,
-        positions=positions,
-        tail_max=tail_max,
-    ).to_arrow()
-    del loaded
-    # pyarrow encodes and compresses without the GIL: the tables are written side by side
-    with ThreadPoolExecutor(min(len(TABLE_NAMES), os.cpu_count() or 1)) as pool:
-        done = [
-            pool.submit(tablestore.write_table_file, summed[name], out / f"{name}.parquet")
-            for name in TABLE_NAMES
-        ]
-        for future in done:
+
+    def summed(name):
+        return pa.concat_tables([t[name] for t in loaded])
+
+    def write(table, name):
+        tablestore.write_table_file(table, out / f"{name}.parquet")
+
+    def sparse(name):
+        write(sparse_to_arrow(sparse_from_arrow(summed(name), name, fine_bins, k), name), name)
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(sparse, name) for name in ("class_bins", "seq_bins")]
+        dense = BinTables.from_arrow(
+            {
+                "class_bins": TABLE_SCHEMAS["class_bins"].empty_table(),
+                "seq_bins": TABLE_SCHEMAS["seq_bins"].empty_table(),
+                "tokens": summed("tokens"),
+                "top1_bins": summed("top1_bins"),
+            },
+            fine_bins=fine_bins,
+            vocab_size=k,
+            positions=positions,
+            tail_max=tail_max,
+        ).to_arrow()
+        for name in ("tokens", "top1_bins"):
+            write(dense[name], name)
+        for future in futures:
             future.result()
 
 

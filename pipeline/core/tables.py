@@ -70,6 +70,12 @@ SEQ_BIN_VALUES = value_names("seq_bins")
 VALUE_DTYPES = {f.name: np.dtype(f.dtype) for t in TABLE_FIELDS for f in value_fields(t)}
 
 
+def _summable(v) -> np.ndarray:
+    """A column as it is summed: integers as int64 (exact), floats as float64."""
+    v = np.asarray(v)
+    return v.astype(np.int64 if v.dtype.kind in "iub" else np.float64, copy=False)
+
+
 def group_sum(keys: np.ndarray, values: dict[str, np.ndarray]):
     """Sum `values` over equal int64 `keys`. Returns (unique sorted keys, sums).
 
@@ -78,6 +84,13 @@ def group_sum(keys: np.ndarray, values: dict[str, np.ndarray]):
     keys = np.asarray(keys, dtype=np.int64)
     if keys.size == 0:
         return keys, {k: np.asarray(v)[:0] for k, v in values.items()}
+    if np.all(keys[1:] >= keys[:-1]):
+        # already in key order (tables and their concatenation over disjoint
+        # key ranges): equal keys are neighbours, no sort or scatter needed
+        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+        if starts.size == keys.size:
+            return keys, {k: _summable(v) for k, v in values.items()}
+        return keys[starts], {k: np.add.reduceat(_summable(v), starts) for k, v in values.items()}
     lo, hi = int(keys.min()), int(keys.max())
     if hi - lo < max(1 << 20, 4 * keys.size):
         # a small key range: dense bincount beats sorting by far
@@ -92,7 +105,7 @@ def group_sum(keys: np.ndarray, values: dict[str, np.ndarray]):
     order = np.argsort(keys, kind="stable")
     sorted_keys = keys[order]
     starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
-    sums = {k: np.add.reduceat(np.asarray(v)[order], starts) for k, v in values.items()}
+    sums = {k: np.add.reduceat(_summable(v)[order], starts) for k, v in values.items()}
     return sorted_keys[starts], sums
 
 
@@ -222,7 +235,6 @@ class BinTables:
     # ---- Arrow conversion (the on-disk columns of pipeline.store.schema) ----------
 
     def to_arrow(self) -> dict[str, pa.Table]:
-        from pipeline.store.schema import TABLE_SCHEMAS
 
         cb, sb = self.class_bins, self.seq_bins
         top1_rows = np.flatnonzero(self.top1_n)
@@ -242,13 +254,7 @@ class BinTables:
             },
             "seq_bins": {"seq_id": sb.ids, "bin": sb.bins, **sb.values},
         }
-        return {
-            name: pa.table(
-                {f.name: np.asarray(cols[f.name]).astype(f.dtype) for f in TABLE_FIELDS[name]},
-                schema=TABLE_SCHEMAS[name],
-            )
-            for name, cols in columns.items()
-        }
+        return {name: _arrow_table(name, cols) for name, cols in columns.items()}
 
     @classmethod
     def from_arrow(
@@ -262,21 +268,8 @@ class BinTables:
         sources=None,
     ) -> BinTables:
         """Tables from Arrow (possibly unsorted, with repeated keys: they are summed)."""
-        stride = fine_bins + 1
-
-        def col(table, name, dtype):
-            return table.column(name).to_numpy().astype(dtype, copy=False)
-
-        def values(table, name):
-            return {f.name: col(table, f.name, f.dtype) for f in value_fields(name)}
-
-        cb = tables["class_bins"]
-        class_bins = SparseBins.from_parts(
-            col(cb, "class_id", np.int64),
-            col(cb, "bin", np.int64),
-            values(cb, "class_bins"),
-            stride,
-        )
+        col = _column
+        class_bins = sparse_from_arrow(tables["class_bins"], "class_bins", fine_bins, vocab_size)
         t1 = tables["top1_bins"]
         idx = col(t1, "bin", np.int64) - 1
 
@@ -287,18 +280,7 @@ class BinTables:
 
         tok = tables["tokens"]
         cid = col(tok, "class_id", np.int64)
-        sb = tables["seq_bins"]
-        seq_bins = SparseBins.from_parts(
-            col(sb, "seq_id", np.int64),
-            col(sb, "bin", np.int64),
-            values(sb, "seq_bins"),
-            stride,
-        )
-        for name, bins in (("class_bins", class_bins.bins), ("seq_bins", seq_bins.bins)):
-            if bins.size and (bins.min() < 1 or bins.max() > fine_bins):
-                raise ValueError(f"{name}: bin outside 1..{fine_bins}")
-        if class_bins.ids.size and (class_bins.ids.min() < 0 or class_bins.ids.max() >= vocab_size):
-            raise ValueError(f"class_bins: class_id outside [0, {vocab_size})")
+        seq_bins = sparse_from_arrow(tables["seq_bins"], "seq_bins", fine_bins, vocab_size)
         return cls(
             fine_bins=fine_bins,
             vocab_size=vocab_size,
@@ -314,3 +296,39 @@ class BinTables:
             seq_bins=seq_bins,
             sources=list(sources or []),
         )
+
+
+def _column(table: pa.Table, name: str, dtype) -> np.ndarray:
+    return table.column(name).to_numpy().astype(dtype, copy=False)
+
+
+def _arrow_table(name: str, columns: dict) -> pa.Table:
+    from pipeline.store.schema import TABLE_SCHEMAS
+
+    return pa.table(
+        {f.name: np.asarray(columns[f.name]).astype(f.dtype) for f in TABLE_FIELDS[name]},
+        schema=TABLE_SCHEMAS[name],
+    )
+
+
+def sparse_from_arrow(table: pa.Table, name: str, fine_bins: int, vocab_size: int) -> SparseBins:
+    """class_bins or seq_bins rows from Arrow (any order, repeated keys summed),
+    their bins and class ids checked against F and K."""
+    entity = TABLE_FIELDS[name][0].name  # class_id or seq_id
+    bins = SparseBins.from_parts(
+        _column(table, entity, np.int64),
+        _column(table, "bin", np.int64),
+        {f.name: _column(table, f.name, f.dtype) for f in value_fields(name)},
+        fine_bins + 1,
+    )
+    if bins.bins.size and (bins.bins.min() < 1 or bins.bins.max() > fine_bins):
+        raise ValueError(f"{name}: bin outside 1..{fine_bins}")
+    if name == "class_bins" and bins.ids.size and (bins.ids.min() < 0 or bins.ids.max() >= vocab_size):
+        raise ValueError(f"class_bins: class_id outside [0, {vocab_size})")
+    return bins
+
+
+def sparse_to_arrow(bins: SparseBins, name: str) -> pa.Table:
+    """class_bins or seq_bins as the Arrow table of its schema."""
+    entity = TABLE_FIELDS[name][0].name
+    return _arrow_table(name, {entity: bins.ids, "bin": bins.bins, **bins.values})
