@@ -10,6 +10,8 @@ import numba
 import numpy as np
 
 OK, BAD_ID, BAD_PROB, GROW, FULL = 0, 1, 2, 3, 4
+# a buffered entry's key: class << 32 | hit << 31 | bin; the table's: without the hit bit
+_KEY_MASK = ~np.int64(1 << 31)
 EMPTY = np.iinfo(np.int64).min  # key of a free slot
 
 _njit = numba.njit(cache=True, nogil=True)
@@ -35,7 +37,7 @@ def hash_of(key, mask):
 
 
 @_njit
-def partition(keys, probs, hits, n, counts, out_keys, out_probs, out_hits, starts):
+def partition(keys, probs, n, counts, out_keys, out_probs, starts):
     """Counting sort of the first n buffered entries by class partition
     (`counts`: entries per partition, counted by `batch`; reset here)."""
     parts = counts.size
@@ -50,11 +52,10 @@ def partition(keys, probs, hits, n, counts, out_keys, out_probs, out_hits, start
         fill[q] = d + 1
         out_keys[d] = keys[e]
         out_probs[d] = probs[e]
-        out_hits[d] = hits[e]
 
 
 @_njit
-def insert(keys, probs, hits, starts, first, start, region_bits, c_int, c_float, counts):
+def insert(keys, probs, starts, first, start, region_bits, c_int, c_float, counts):
     """Sum the ordered entries of partitions first.. (from entry `start`) into
     their regions; (GROW, partition, entry) when an entry would fill its
     region past three quarters (grow, then call again from there); with
@@ -64,7 +65,7 @@ def insert(keys, probs, hits, starts, first, start, region_bits, c_int, c_float,
     for q in range(first, starts.size - 1):
         base = np.int64(q) << region_bits
         for e in range(max(start, starts[q]), starts[q + 1]):
-            key = keys[e]
+            key = keys[e] & _KEY_MASK
             h = hash_of(key, mask)
             while True:
                 s = base + h
@@ -79,7 +80,7 @@ def insert(keys, probs, hits, starts, first, start, region_bits, c_int, c_float,
                     break
                 h = (h + 1) & mask
             c_int[s, 1] += 1
-            c_int[s, 2] += hits[e]
+            c_int[s, 2] += (keys[e] >> 31) & 1
             c_float[s, 3] += np.float64(probs[e])
     return _OK, 0, 0
 
@@ -137,7 +138,7 @@ def batch(
     start, ids, probs, offsets, labels, docs, tail_count, tail_mass, top1_bin, top1_prob,
     top1_ok, vocab, fine_bins, threshold,
     bin1_n, bin1_p, bin1_hits, label_hits,
-    buf_keys, buf_probs, buf_hits, buf_n, part_counts, seq_rows, seq_n,
+    buf_keys, buf_probs, buf_n, part_counts, seq_rows, seq_n,
     doc_int, doc_float, marked, touched, current,
 ):  # fmt: skip
     """Fold rows start.. of one batch in. Returns (code, row): _GROW asks the
@@ -145,7 +146,8 @@ def batch(
     `partition`/`insert`), then to call again from that row.
 
     Entries above bin 1 are appended to the buffer (key = id << 32 | bin,
-    probability, hit) for the class table (columns [key, n, hits, p_sum]),
+    with bit 31 set for the row's label; probability) for the class table
+    (columns [key, n, hits, p_sum]),
     counted per class partition (id & (parts - 1)).
     The current document's seq bins are summed in `doc_int` (rows n, hits,
     top1_n, correct) and `doc_float` (rows p_sum, conf_sum), dense over bins,
@@ -194,9 +196,8 @@ def batch(
                 h1 += hit
             else:
                 b = np.int64(np.ceil(v64 * fine_bins))
-                buf_keys[e] = (np.int64(c) << 32) | b
+                buf_keys[e] = (np.int64(c) << 32) | (np.int64(hit) << 31) | b
                 buf_probs[e] = v
-                buf_hits[e] = hit
                 e += 1
                 part_counts[c & parts_mask] += 1
                 touch(marked, touched, b)

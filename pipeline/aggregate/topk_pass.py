@@ -36,7 +36,7 @@ from pipeline.core.tables import SparseBins
 
 BATCH_ROWS = 65_536  # positions decoded at a time (64 kept each: 4M entries, ~32 MB)
 _INITIAL_SEQ_ROWS = 1 << 16  # grown by doubling
-_BUFFER_ENTRIES = 1 << 21  # entries above bin 1 buffered before grouping (13 bytes each, x2)
+_BUFFER_ENTRIES = 1 << 21  # entries above bin 1 buffered before grouping (12 bytes each, x2)
 _CLASSES_PER_PARTITION = 512  # a region then holds ~ all its classes' bins in L2
 _INITIAL_REGION_BITS = 10
 # last shard's table sizes: the next shard of this process starts there (no regrowth)
@@ -186,7 +186,7 @@ class TopkShardPass:
         if self._seq_rows is None or self._seq_rows.shape[0] < _capacity_hint["seq"]:
             self._seq_rows = np.empty((_capacity_hint["seq"], _SEQ_WIDTH), np.int64)
         self._seq_n = np.zeros(1, np.int64)
-        # (keys, probs, hits) twice: arrival order, partition order
+        # (keys, probs) twice: arrival order, partition order
         self._buffer = scratch.get("buffer")
         self._buffer_n = np.zeros(1, np.int64)
         self._part_starts = np.zeros(self._parts + 1, np.int64)
@@ -246,9 +246,7 @@ class TopkShardPass:
         if self._buffer is None or self._buffer[0].size < longest:
             self._group_buffer()
             size = max(_BUFFER_ENTRIES, longest)
-            self._buffer = tuple(
-                np.empty(size, dtype) for dtype in (np.int64, np.float32, np.uint8) * 2
-            )
+            self._buffer = tuple(np.empty(size, dtype) for dtype in (np.int64, np.float32) * 2)
         args = (
             ids,
             probs,
@@ -267,7 +265,7 @@ class TopkShardPass:
             self.bin1_p_sum,
             self.bin1_hits,
             hits,
-            *self._buffer[:3],
+            *self._buffer[:2],
             self._buffer_n,
             self._part_counts,
         )
@@ -332,9 +330,9 @@ class TopkShardPass:
         if n == 0:
             return
         kernels = _kernels()
-        ordered = self._buffer[3:]
+        ordered = self._buffer[2:]
         starts = self._part_starts
-        kernels.partition(*self._buffer[:3], n, self._part_counts, *ordered, starts)
+        kernels.partition(*self._buffer[:2], n, self._part_counts, *ordered, starts)
         part, entry = 0, 0
         while True:
             code, part, entry = kernels.insert(

@@ -323,7 +323,11 @@ def sparse_from_arrow(table: pa.Table, name: str, fine_bins: int, vocab_size: in
     )
     if bins.bins.size and (bins.bins.min() < 1 or bins.bins.max() > fine_bins):
         raise ValueError(f"{name}: bin outside 1..{fine_bins}")
-    if name == "class_bins" and bins.ids.size and (bins.ids.min() < 0 or bins.ids.max() >= vocab_size):
+    if (
+        name == "class_bins"
+        and bins.ids.size
+        and (bins.ids.min() < 0 or bins.ids.max() >= vocab_size)
+    ):
         raise ValueError(f"class_bins: class_id outside [0, {vocab_size})")
     return bins
 
