@@ -188,6 +188,7 @@ def make_full_run(run_dir: Path, n: int, K: int, dtype=np.float16) -> Path:
             "tail_count": pa.array(np.zeros(n, np.int32)),
             "tail_mass": pa.array(np.zeros(n)),
             "tail_max": pa.array(np.zeros(n, np.float32)),
+            "sum_p2": pa.array(np.zeros(n)),
         }
     ).cast(POSITIONS)
     pq.write_table(table, run_dir / names["positions"])
@@ -208,9 +209,7 @@ def make_full_run(run_dir: Path, n: int, K: int, dtype=np.float16) -> Path:
             "rows": n,
             "tail_max": 0.0,
             **names,
-            "files": {
-                rel: path_sha256(run_dir / rel) for rel in (names["positions"], names["class_tail"])
-            },
+            "files": {rel: path_sha256(run_dir / rel) for rel in names.values()},
         }
     ]
     _manifest(run_dir, "full", K, shards, n, 0.0)
