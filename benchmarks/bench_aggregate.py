@@ -57,6 +57,9 @@ def topk_shard(n, K, k, seed, row0):
         * (w / w.sum())[None, :]
         * rng.uniform(0.5, 1.5, (n, k - 1)).astype(np.float32)
     )
+    # a row's kept mass must not pass 1 (the tail is 1 minus it): scale down the few that would
+    over = rest.sum(1, dtype=np.float64) / (0.999 * (1 - head.astype(np.float64)))
+    rest = (rest / np.maximum(over, 1.0)[:, None]).astype(np.float32)
     probs = np.concatenate([head[:, None], rest], axis=1).astype(np.float32)
     lab_pos = np.minimum(rng.geometric(0.5, n) - 1, k - 1)
     rows = np.arange(n)
@@ -126,7 +129,7 @@ def make_topk_run(run_dir: Path, n: int, K: int, k: int, shard_rows: int = SHARD
                 "files": {rel: path_sha256(run_dir / rel) for rel in names.values()},
             }
         )
-    _manifest(run_dir, "topk", K, shards, n, 1e-3)
+    _manifest(run_dir, "topk", K, shards, n, 1e-3, k=k, shard_rows=shard_rows)
     return run_dir
 
 
@@ -212,26 +215,36 @@ def make_full_run(run_dir: Path, n: int, K: int, dtype=np.float16) -> Path:
             "files": {rel: path_sha256(run_dir / rel) for rel in names.values()},
         }
     ]
-    _manifest(run_dir, "full", K, shards, n, 0.0)
+    _manifest(run_dir, "full", K, shards, n, 0.0, shard_rows=n)
     return run_dir
 
 
-def _manifest(run_dir, store, K, shards, n, tail_max):
+def _manifest(run_dir, store, K, shards, n, tail_max, *, k=0, shard_rows=SHARD_ROWS):
+    """A manifest of the documented schema for a synthetic run."""
     from pipeline.core.binning import m_exact_from_tail_max
 
     manifest = {
         "schema_version": 1,
         "tool": {"name": "fullece", "version": "bench"},
+        "created": "2026-01-01T00:00:00Z",
         "label": run_dir.name,
+        "model": {"path": "/models/synthetic", "architecture": "synthetic", "dtype": "float32",
+                  "files": {}},
+        "tokenizer": {"path": "/models/synthetic", "files": {}},
+        "corpus": {"path": "/corpus/synthetic.txt", "format": "txt", "sha256": "0" * 64,
+                   "documents": -(-n // DOC_LEN)},
+        "settings": {"store": store, "k": k, "tau": 1.0, "max_length": DOC_LEN,
+                     "stride": DOC_LEN, "batch_size": 1, "device": "cpu", "dtype": "float32",
+                     "shard_positions": shard_rows, "slice": [0, 1]},
         "store": store,
         "vocab_size": K,
         "shards": shards,
         "positions": n,
+        "skipped_documents": 0,
         "tail_max": tail_max,
-        "m_exact": m_exact_from_tail_max(tail_max),
+        "m_exact": m_exact_from_tail_max(tail_max) if store == "topk" else None,
         "complete": True,
-        "settings": {"store": store},
-    }
+    }  # fmt: skip
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 
@@ -458,7 +471,9 @@ def main(argv=None):
             "distinct_shards": 10,
         },
     }
-    data = args.out / "data"
+    data = (
+        args.out / "data-v2"
+    )  # v2: no generated row sums past 1 (cached runs of v1 are not reused)
     data.mkdir(parents=True, exist_ok=True)
     result = {"quick": q, "cpus": os.cpu_count(), "sizes": sizes}
 

@@ -58,13 +58,15 @@ def bare_forward_seconds(model_dir, corpus, manifest, device) -> float:
 
     from pipeline.extract import model as hf
     from pipeline.extract.corpus import iter_documents
-    from pipeline.extract.run import _batches, _plan_shards, _tokenized, forward_logits
+    from pipeline.extract.loop import forward_logits
+    from pipeline.extract.plan import batches as plan_batches
+    from pipeline.extract.plan import plan_shards, tokenized
 
     s = manifest["settings"]
     lm, _ = hf.load_model(model_dir, device=device, dtype=s["dtype"])
     tok = hf.load_tokenizer(model_dir)
-    plans = _plan_shards(
-        _tokenized(tok, iter_documents(corpus, "txt")),
+    plans = plan_shards(
+        tokenized(tok, iter_documents(corpus, "txt")),
         first_index=0,
         first_doc=0,
         shard_positions=s["shard_positions"],
@@ -72,7 +74,7 @@ def bare_forward_seconds(model_dir, corpus, manifest, device) -> float:
     batches = [
         b["inputs"]
         for p in plans
-        for b in _batches(
+        for b in plan_batches(
             p, max_length=s["max_length"], stride=s["stride"], batch_size=s["batch_size"], pad_id=0
         )
     ]
