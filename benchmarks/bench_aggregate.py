@@ -18,7 +18,7 @@
 
 Prints the figures and writes DIR/aggregate.json. Synthetic shards are made
 with numpy/pyarrow (Zipf-like class ids, decreasing kept probabilities, the
-label always kept) and cached in DIR/data between runs.
+label always kept) and cached in DIR/data-v2 between runs.
 """
 
 from __future__ import annotations
