@@ -190,9 +190,28 @@ def test_reduce_in_memory_equals_duckdb(tmp_path, case, monkeypatch):
 @pytest.mark.parametrize(
     "text,expected",
     [("1GB", 10**9), ("512MiB", 512 * 2**20), (" 2 gb ", 2 * 10**9), ("1.5GB", 1_500_000_000),
-     ("100", 100), ("lots", None), ("1PB", None)],
+     ("100", None), ("100B", None), ("lots", None), ("1PB", None)],
 )  # fmt: skip
 def test_memory_limit_parsing(text, expected):
     from pipeline.aggregate.executor import limit_bytes
 
     assert limit_bytes(text) == expected
+
+
+def test_cli_refuses_a_memory_limit_that_is_not_a_size(tmp_path, case):
+    from click.testing import CliRunner
+
+    from pipeline.cli.aggregate import aggregate_command
+
+    run = tmp_path / "run"
+    write_run(run, case, k=3, shard_rows=200)
+    res = CliRunner().invoke(aggregate_command, [str(run), "--memory-limit", "lots"])
+    assert res.exit_code == 2 and "not a size such as 1GB" in res.output
+    assert not (run / "tables").exists()
+    with pytest.raises(AggregateError, match="not a size"):
+        aggregate([run], memory_limit="1 lots")  # the library refuses it too, first
+    with pytest.raises(AggregateError, match="at least 16MB"):
+        aggregate([run], memory_limit="1kb")
+    assert not (run / "tables").exists()
+    res = CliRunner().invoke(aggregate_command, [str(run), "--memory-limit", "64MB", "--quiet"])
+    assert res.exit_code == 0, res.output

@@ -322,7 +322,7 @@ def _progress(total: int, desc: str, enabled: bool):
 # (the row, its sort key and order, the gathered and summed columns, the
 # Arrow output): 195 measured on the issue-14 run's two parts.
 _REDUCE_ROW_BYTES = 200
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}  # DuckDB's: a unit is needed
 _UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
 
 
@@ -334,6 +334,19 @@ def limit_bytes(memory_limit: str) -> int | None:
     if not m or m.group(2).lower() not in _UNITS:
         return None
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+_MIN_MEMORY_LIMIT = 16 * 10**6  # below it DuckDB cannot even start its reduce
+
+
+def check_memory_limit(memory_limit: str) -> int:
+    """Bytes of a --memory-limit such as '1GB', '512MB', '2GiB' (else an error)."""
+    budget = limit_bytes(memory_limit)
+    if not budget:
+        raise AggregateError(f"{memory_limit!r} is not a size such as 1GB, 512MB or 2GiB")
+    if budget < _MIN_MEMORY_LIMIT:
+        raise AggregateError(f"--memory-limit {memory_limit!r}: at least 16MB is needed")
+    return budget
 
 
 class PartCache:
@@ -639,6 +652,7 @@ def aggregate(
     from pipeline.core.binning import check_n_bins
 
     fine_bins = check_n_bins(fine_bins)
+    budget = check_memory_limit(memory_limit)
     if isinstance(run_dirs, (str, os.PathLike)):
         run_dirs = [run_dirs]
     runs = open_runs(run_dirs)
@@ -660,8 +674,7 @@ def aggregate(
     temp_dir = scratch_dir(out)
     parts_base = None if keep_parts else temp_dir / "parts"
     try:
-        budget = limit_bytes(memory_limit)
-        kept = PartCache(budget // _REDUCE_ROW_BYTES if budget else 0)
+        kept = PartCache(budget // _REDUCE_ROW_BYTES)
         parts, _ = build_parts(
             runs, out, fine_bins, progress=progress, parts_base=parts_base, kept=kept
         )

@@ -15,6 +15,16 @@ from pipeline.store.manifest import RunError
 from pipeline.store.schema import SchemaVersionError
 
 
+def _memory_limit(ctx, param, value: str) -> str:
+    from pipeline.aggregate.executor import check_memory_limit
+
+    try:
+        check_memory_limit(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+    return value
+
+
 @click.command("aggregate")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
@@ -34,6 +44,7 @@ from pipeline.store.schema import SchemaVersionError
     "--memory-limit",
     default=DEFAULT_MEMORY_LIMIT,
     show_default=True,
+    callback=_memory_limit,
     help="Memory for summing the partial tables: in memory when they fit, else by "
     "DuckDB, which spills to disk beyond it.",
 )
