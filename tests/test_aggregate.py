@@ -25,6 +25,7 @@ from pipeline.core.metrics import metrics_at
 from pipeline.store.manifest import path_sha256
 from pipeline.store.schema import SchemaVersionError
 from tests.helpers.analysis_runs import (
+    assert_table_columns_equal,
     assert_tables_match_dense,
     dense_case,
     dense_reference,
@@ -45,18 +46,9 @@ def core_tables(run_dir, manifest):
 
 
 def assert_tables_equal(a, b):
-    ta, tb = a.to_arrow(), b.to_arrow()
     assert a.positions == b.positions and a.vocab_size == b.vocab_size
     assert a.fine_bins == b.fine_bins and a.m_exact == b.m_exact
-    for name in ta:
-        x, y = ta[name], tb[name]
-        assert x.num_rows == y.num_rows, name
-        for col in x.column_names:
-            u, v = x.column(col).to_numpy(), y.column(col).to_numpy()
-            if np.issubdtype(u.dtype, np.integer):
-                np.testing.assert_array_equal(u, v, err_msg=f"{name}.{col}")
-            else:
-                np.testing.assert_allclose(u, v, rtol=0, atol=SUM_TOL, err_msg=f"{name}.{col}")
+    assert_table_columns_equal(a, b, atol=SUM_TOL)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.aggregate import AggregateError, aggregate, aggregate_runs
 from pipeline.core.accumulator import CalibrationAccumulator
-from tests.helpers.analysis_runs import dense_case, write_run
+from tests.helpers.analysis_runs import assert_table_columns_equal, dense_case, write_run
 from tests.helpers.shard_readers import accumulate_kept
 
 
@@ -90,17 +90,7 @@ def test_interleaved_documents_sum_right(tmp_path):
     tables = aggregate_runs([run])
     acc = CalibrationAccumulator(vocab_size=manifest["vocab_size"])
     accumulate_kept(acc, run, manifest)
-    ref = acc.compute()
-    ta, tb = tables.to_arrow(), ref.to_arrow()
-    for name in ta:
-        x, y = ta[name], tb[name]
-        assert x.num_rows == y.num_rows, name
-        for col in x.column_names:
-            u, v = x.column(col).to_numpy(), y.column(col).to_numpy()
-            if np.issubdtype(u.dtype, np.integer):
-                np.testing.assert_array_equal(u, v, err_msg=f"{name}.{col}")
-            else:
-                np.testing.assert_allclose(u, v, rtol=0, atol=1e-12, err_msg=f"{name}.{col}")
+    assert_table_columns_equal(tables, acc.compute())
 
 
 def test_pass_equals_the_sql_definition(tmp_path, case):
@@ -132,19 +122,6 @@ def test_pass_equals_the_sql_definition(tmp_path, case):
                 np.testing.assert_allclose(u, v, rtol=0, atol=1e-12, err_msg=f"{name}.{col}")
 
 
-def _assert_same_tables(got, want):
-    ta, tb = got.to_arrow(), want.to_arrow()
-    for name in ta:
-        x, y = ta[name], tb[name]
-        assert x.num_rows == y.num_rows, name
-        for col in x.column_names:
-            u, v = x.column(col).to_numpy(), y.column(col).to_numpy()
-            if np.issubdtype(u.dtype, np.integer):
-                np.testing.assert_array_equal(u, v, err_msg=f"{name}.{col}")
-            else:
-                np.testing.assert_allclose(u, v, rtol=0, atol=1e-12, err_msg=f"{name}.{col}")
-
-
 def test_grouping_through_every_growth_path(tmp_path, monkeypatch):
     """Many class partitions, regions grown from 2 slots, the entry buffer
     emptied every few rows, seq rows grown from 4, documents interleaved and
@@ -168,7 +145,7 @@ def test_grouping_through_every_growth_path(tmp_path, monkeypatch):
     accumulate_kept(acc, run, manifest)
     want = acc.compute()
     assert len(want.class_bins) > 1000 and (want.class_bins.bins > 1).sum() > 500
-    _assert_same_tables(tables, want)
+    assert_table_columns_equal(tables, want)
 
 
 def test_reduce_in_memory_equals_duckdb(tmp_path, case, monkeypatch):
@@ -181,10 +158,10 @@ def test_reduce_in_memory_equals_duckdb(tmp_path, case, monkeypatch):
     in_memory = aggregate_runs([run], out=tmp_path / "memory")
     monkeypatch.setattr(executor, "_REDUCE_ROW_BYTES", 10**12)  # nothing fits: DuckDB
     spilled = aggregate_runs([run], out=tmp_path / "duckdb")
-    _assert_same_tables(in_memory, spilled)
+    assert_table_columns_equal(in_memory, spilled)
     acc = CalibrationAccumulator(vocab_size=manifest["vocab_size"])
     accumulate_kept(acc, run, manifest)
-    _assert_same_tables(in_memory, acc.compute())
+    assert_table_columns_equal(in_memory, acc.compute())
 
 
 @pytest.mark.parametrize(

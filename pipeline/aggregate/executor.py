@@ -376,6 +376,9 @@ class PartCache:
                 self.tables[Path(part_dir)] = tables
                 self.rows += rows
 
+    def get(self, part_dir: Path) -> dict[str, pa.Table] | None:
+        return self.tables.get(Path(part_dir))
+
     def drop(self) -> None:
         """Keep nothing from now on (and free what was kept)."""
         self.budget_rows = self.rows = 0
@@ -494,22 +497,27 @@ def _reduce(
     kept: PartCache | None = None,
 ) -> dict:
     """Sum the partial tables into the tables at `out`: in memory with the
-    metric core's own merge (``BinTables.from_arrow``) when every partial row
-    fits `memory_limit` at _REDUCE_ROW_BYTES each, else with DuckDB, which
-    spills to `temp_dir`."""
+    metric core's merge (``sparse_from_arrow``, ``BinTables``) when every
+    partial row fits `memory_limit` at _REDUCE_ROW_BYTES each, else with
+    DuckDB, which spills to `temp_dir`."""
     k = runs[0].vocab_size
     out.mkdir(parents=True, exist_ok=True)
     rows = sum(_part_rows(part_dir, kept) for _, _, part_dir, _ in parts)
     positions = sum(int(m["positions"]) for _, _, _, m in parts)
     tail_max = max((float(m["tail_max"]) for _, _, _, m in parts), default=0.0)
     con = None
+
+    def connect():
+        nonlocal con
+        con = con or _connect(memory_limit, temp_dir)
+        return con
+
     if reduce_engine(rows, memory_limit) == "memory":
         _reduce_in_memory(parts, out, k, fine_bins, positions, tail_max, kept)
     else:
         if kept is not None:
             kept.drop()  # DuckDB reads the part files; free the memory for it
         _release_map_memory(decoded=True)
-        con = _connect(memory_limit, temp_dir)
 
         def files(name):
             lst = ", ".join(f"'{sql_str(p / f'{name}.parquet')}'" for _, _, p, _ in parts)
@@ -517,14 +525,15 @@ def _reduce(
 
         for name in TABLE_NAMES:
             _write_query(
-                con, reduce_sql(name, files(name), k), out / f"{name}.parquet", TABLE_SCHEMAS[name]
+                connect(),
+                reduce_sql(name, files(name), k),
+                out / f"{name}.parquet",
+                TABLE_SCHEMAS[name],
             )
     # imported runs (per-class tail unknown): per-class tail allocation and capacity
-    from pipeline.store.tailbounds import reduce_tail_bounds, tail_bounds_needed
+    from pipeline.store.tailbounds import reduce_tail_bounds
 
-    if tail_bounds_needed(runs):
-        con = con or _connect(memory_limit, temp_dir)
-    tail_meta = reduce_tail_bounds(con, runs, out, _write_query)
+    tail_meta = reduce_tail_bounds(connect, runs, out, _write_query)
     if con is not None:
         con.close()
 
@@ -541,17 +550,20 @@ def _reduce(
     return tablestore.read_meta(out)
 
 
+def memory_rows(memory_limit: str) -> int:
+    """Partial-table rows the in-memory reduce may hold within `memory_limit`."""
+    return (limit_bytes(memory_limit) or 0) // _REDUCE_ROW_BYTES
+
+
 def reduce_engine(partial_rows: int, memory_limit: str) -> str:
     """'memory' when `partial_rows` partial-table rows fit `memory_limit` at
     _REDUCE_ROW_BYTES each (the reduce then runs in numpy), else 'duckdb'."""
-    budget = limit_bytes(memory_limit)
-    fits = budget is not None and partial_rows * _REDUCE_ROW_BYTES <= budget
-    return "memory" if fits else "duckdb"
+    return "memory" if partial_rows <= memory_rows(memory_limit) else "duckdb"
 
 
 def _part_rows(part_dir: Path, kept: PartCache | None) -> int:
     """Rows of a shard's partial tables (from memory or the Parquet footers)."""
-    tables = kept.tables.get(Path(part_dir)) if kept else None
+    tables = kept.get(part_dir) if kept else None
     if tables is not None:
         return sum(t.num_rows for t in tables.values())
     return sum(pq.read_metadata(part_dir / f"{name}.parquet").num_rows for name in TABLE_NAMES)
@@ -566,7 +578,7 @@ def _reduce_in_memory(parts, out: Path, k: int, fine_bins: int, positions, tail_
     from pipeline.core.tables import BinTables, sparse_from_arrow, sparse_to_arrow
 
     def part_tables(part_dir):
-        tables = kept.tables.get(Path(part_dir)) if kept else None
+        tables = kept.get(part_dir) if kept else None
         return tables or {n: pq.read_table(part_dir / f"{n}.parquet") for n in TABLE_NAMES}
 
     loaded = [part_tables(part_dir) for _, _, part_dir, _ in parts]
@@ -652,7 +664,7 @@ def aggregate(
     from pipeline.core.binning import check_n_bins
 
     fine_bins = check_n_bins(fine_bins)
-    budget = check_memory_limit(memory_limit)
+    check_memory_limit(memory_limit)
     if isinstance(run_dirs, (str, os.PathLike)):
         run_dirs = [run_dirs]
     runs = open_runs(run_dirs)
@@ -674,7 +686,7 @@ def aggregate(
     temp_dir = scratch_dir(out)
     parts_base = None if keep_parts else temp_dir / "parts"
     try:
-        kept = PartCache(budget // _REDUCE_ROW_BYTES)
+        kept = PartCache(memory_rows(memory_limit))
         parts, _ = build_parts(
             runs, out, fine_bins, progress=progress, parts_base=parts_base, kept=kept
         )

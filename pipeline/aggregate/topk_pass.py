@@ -10,9 +10,10 @@ that, per kept entry (class c, probability p of record, float32):
 * buffers entries above bin 1, orders the buffer by class partition and sums
   each partition into its own region of an open-addressing hash table keyed
   by (class, bin) (class_bins): a region fits the core's L2 cache, so the
-  grouping probes cache, not memory; (doc_id, bin) sums go through a dense
-  per-document vector into a second hash table (seq_bins);
-* adds to the per-class kept count and probability mass (tokens);
+  grouping probes cache, not memory; a class's kept mass (tokens) is read
+  from its class_bins rows at the end;
+* sums the current document's (bin) values in a dense vector, appended as
+  seq_bins rows when the document changes;
 * checks it on the way: class id in [0, K), p in [0, 1], and counts the rows
   whose label is among their kept ids.
 
@@ -73,16 +74,16 @@ _EMPTY = np.iinfo(np.int64).min  # as in _topk_kernel.EMPTY
 _CLASS_WIDTH, _SEQ_WIDTH = 4, 8  # class slot / seq row columns (see the kernel)
 
 
-def _new_table(width: int, cap: int, reuse=None):
-    """An empty hash table (slots, float view, count); `reuse`: a spent table's
-    slots, cleared in place when it has the size (no fresh pages to fault in)."""
+def _new_table(width: int, cap: int, reuse=None) -> np.ndarray:
+    """The slots of an empty hash table; `reuse`: a spent table's slots,
+    cleared in place when it has the size (no fresh pages to fault in)."""
     if reuse is not None and reuse.shape == (cap, width):
         slots = reuse
         slots.fill(0)
     else:
         slots = np.zeros((cap, width), np.int64)
     slots[:, 0] = _EMPTY
-    return slots, slots.view(np.float64), np.zeros(1, np.int64)
+    return slots
 
 
 # The big scratch arrays of finished shards (class table, seq rows, entry
@@ -112,24 +113,22 @@ def _give_scratch(scratch: dict) -> None:
 
 
 def _seq_bins(rows: np.ndarray, stride: int) -> SparseBins:
-    """seq_bins from the appended per-document rows: already in key order when
-    document ids increase through the shard (the rows are then used as they
-    are); otherwise a document may have several rows per bin, summed here."""
+    """seq_bins from the appended per-document rows (in key order when document
+    ids increase through the shard; otherwise a document may have several rows
+    per bin, which group_sum adds up)."""
     keys = rows[:, 0]
     floats = rows.view(np.float64)
+    # copies: `rows` is scratch the next shard reuses, and already-grouped
+    # columns come back from group_sum as they are
     values = {
-        "n": rows[:, 1],
-        "p_sum": floats[:, 5],
-        "hits": rows[:, 2],
-        "top1_n": rows[:, 3],
-        "conf_sum": floats[:, 6],
-        "correct": rows[:, 4],
+        "n": rows[:, 1].copy(),
+        "p_sum": floats[:, 5].copy(),
+        "hits": rows[:, 2].copy(),
+        "top1_n": rows[:, 3].copy(),
+        "conf_sum": floats[:, 6].copy(),
+        "correct": rows[:, 4].copy(),
     }
-    if keys.size > 1 and not np.all(keys[1:] > keys[:-1]):
-        return SparseBins.from_parts(keys // stride, keys % stride, values, stride)
-    # copies: `rows` is scratch that the next shard reuses
-    copied = {name: np.ascontiguousarray(column) for name, column in values.items()}
-    return SparseBins(keys // stride, (keys % stride).astype(np.int32), copied)
+    return SparseBins.from_parts(keys // stride, keys % stride, values, stride)
 
 
 class KeptEntryError(ValueError):
@@ -336,15 +335,15 @@ class TopkShardPass:
         part, entry = 0, 0
         while True:
             code, part, entry = kernels.insert(
-                *ordered, starts, part, entry, self._region_bits, *self._class[:2],
-                self._region_counts,
+                *ordered, starts, part, entry, self._region_bits, self._class,
+                self._class.view(np.float64), self._region_counts,
             )  # fmt: skip
             if code != _GROW:
                 break
             self._region_bits += 1
             bigger = _new_table(_CLASS_WIDTH, self._parts << self._region_bits)
             kernels.rehash_regions(
-                self._class[0], bigger[0], self._region_counts, self._parts, self._region_bits
+                self._class, bigger, self._region_counts, self._parts, self._region_bits
             )
             self._class = bigger
         self._buffer_n[0] = 0
@@ -368,9 +367,7 @@ class TopkShardPass:
         # class key = id << 32 | bin (see _topk_kernel), sorted = (class, bin) order
         bin1_total = self.bin1_n + self.class_tail_n
         present = np.flatnonzero(bin1_total)
-        c_int = _kernels().class_rows_sorted(
-            self._class[0], present, self.vocab_size, self.fine_bins
-        )
+        c_int = _kernels().class_rows_sorted(self._class, present, self.vocab_size, self.fine_bins)
         c_key, c_float = c_int[:, 0], c_int.view(np.float64)
         c_ids = c_key >> 32
         first = np.flatnonzero(c_key & 0xFFFFFFFF == 1)  # bin-1 rows (all from `present`)
@@ -383,7 +380,7 @@ class TopkShardPass:
         p_mass = np.bincount(c_ids, weights=c_float[:, 3], minlength=self.vocab_size)
         has_pairs = np.bincount(c_ids, minlength=self.vocab_size) > 0
         tokens = np.flatnonzero(has_pairs | (self.label_count > 0) | (self.top1_count > 0))
-        _give_scratch({"class": self._class[0], "seq_rows": self._seq_rows, "buffer": self._buffer})
+        _give_scratch({"class": self._class, "seq_rows": self._seq_rows, "buffer": self._buffer})
         self._class = self._seq_rows = self._buffer = None
         return {
             "class_bins": {

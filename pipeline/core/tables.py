@@ -77,7 +77,8 @@ def _summable(v) -> np.ndarray:
 
 
 def group_sum(keys: np.ndarray, values: dict[str, np.ndarray]):
-    """Sum `values` over equal int64 `keys`. Returns (unique sorted keys, sums).
+    """Sum `values` over equal int64 `keys`. Returns (unique sorted keys, sums);
+    columns of keys already sorted and unique come back as they are (no copy).
 
     Integer columns stay integer (exact); float columns are summed in float64.
     """
@@ -235,11 +236,8 @@ class BinTables:
     # ---- Arrow conversion (the on-disk columns of pipeline.store.schema) ----------
 
     def to_arrow(self) -> dict[str, pa.Table]:
-
-        cb, sb = self.class_bins, self.seq_bins
         top1_rows = np.flatnonzero(self.top1_n)
-        columns = {
-            "class_bins": {"class_id": cb.ids, "bin": cb.bins, **cb.values},
+        dense = {
             "top1_bins": {
                 "bin": top1_rows + 1,
                 "n": self.top1_n[top1_rows],
@@ -252,9 +250,12 @@ class BinTables:
                 "top1_count": self.top1_count,
                 "p_mass": self.p_mass,
             },
-            "seq_bins": {"seq_id": sb.ids, "bin": sb.bins, **sb.values},
         }
-        return {name: _arrow_table(name, cols) for name, cols in columns.items()}
+        return {
+            "class_bins": sparse_to_arrow(self.class_bins, "class_bins"),
+            **{name: _arrow_table(name, cols) for name, cols in dense.items()},
+            "seq_bins": sparse_to_arrow(self.seq_bins, "seq_bins"),
+        }
 
     @classmethod
     def from_arrow(

@@ -42,14 +42,10 @@ def tail_bounds_sql(files_sql: str) -> str:
         FROM {files_sql} GROUP BY class_id ORDER BY class_id"""
 
 
-def tail_bounds_needed(runs) -> bool:
-    """Whether some run has an unknown per-class tail (imported dumps)."""
-    return any(not class_tail_known(run.manifest) for run in runs)
-
-
-def reduce_tail_bounds(con, runs, out: Path, write_query) -> dict:
+def reduce_tail_bounds(connect, runs, out: Path, write_query) -> dict:
     """Sum the class_tail shards of runs with an unknown per-class tail into
-    OUT/tail_bounds.parquet; returns the meta.json fields to add ({} if none)."""
+    OUT/tail_bounds.parquet; returns the meta.json fields to add ({} if none).
+    `connect()` gives the DuckDB connection, asked for only when there is work."""
     from pipeline.aggregate.sql import sql_str
 
     files = [
@@ -64,7 +60,7 @@ def reduce_tail_bounds(con, runs, out: Path, write_query) -> dict:
         path.unlink(missing_ok=True)
         return {}
     lst = ", ".join(f"'{sql_str(p)}'" for p in files)
-    write_query(con, tail_bounds_sql(f"read_parquet([{lst}])"), path, TAIL_BOUNDS)
+    write_query(connect(), tail_bounds_sql(f"read_parquet([{lst}])"), path, TAIL_BOUNDS)
     return {"class_tail_known": False, "tail_bounds": TAIL_BOUNDS_NAME}
 
 

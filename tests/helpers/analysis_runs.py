@@ -439,3 +439,18 @@ def assert_tables_match_dense(tables, ref: dict, atol: float = 1e-12) -> None:
         got = np.zeros_like(want)
         np.add.at(got, (row, sb.bins), sb.values[key])
         np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=f"seq_bins.{key}")
+
+
+def assert_table_columns_equal(a, b, atol: float = 1e-12) -> None:
+    """Two BinTables' Arrow tables row for row: integer columns identical, float
+    sums within `atol` (only the order of float additions may differ)."""
+    ta, tb = a.to_arrow(), b.to_arrow()
+    for name in ta:
+        x, y = ta[name], tb[name]
+        assert x.num_rows == y.num_rows, name
+        for col in x.column_names:
+            u, v = x.column(col).to_numpy(), y.column(col).to_numpy()
+            if np.issubdtype(u.dtype, np.integer):
+                np.testing.assert_array_equal(u, v, err_msg=f"{name}.{col}")
+            else:
+                np.testing.assert_allclose(u, v, rtol=0, atol=atol, err_msg=f"{name}.{col}")
