@@ -103,33 +103,28 @@ def rehash_regions(slots, bigger, counts, parts, region_bits):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def touch(marked, touched, b):
-    if marked[b] == 0:
-        marked[b] = 1
+def touch(doc, touched, b):
+    """List bin b among the current document's bins (column 7 marks it)."""
+    if doc[b, 7] == 0:
+        doc[b, 7] = 1
         touched[0] += 1
         touched[touched[0]] = b
 
 
 @_njit
-def flush(doc_int, doc_float, marked, touched, current, seq_rows, seq_n, stride):
+def flush(doc, touched, current, seq_rows, seq_n, stride):
     """Append the current document's bins to the seq rows (one row per bin,
     in bin order: documents in increasing order then need no sort)."""
     base = current[0] * stride
-    floats = seq_rows.view(np.float64)
     touched[1 : touched[0] + 1].sort()
     for t in range(1, touched[0] + 1):
         b = touched[t]
         r = seq_n[0]
         seq_n[0] = r + 1
         seq_rows[r, 0] = base + b
-        for col in range(4):
-            seq_rows[r, col + 1] = doc_int[col, b]
-            doc_int[col, b] = 0
-        floats[r, 5] = doc_float[0, b]
-        floats[r, 6] = doc_float[1, b]
-        doc_float[0, b] = 0.0
-        doc_float[1, b] = 0.0
-        marked[b] = 0
+        for col in range(1, 7):  # n, hits, top1_n, correct, p_sum, conf_sum (same layout)
+            seq_rows[r, col] = doc[b, col]
+        doc[b, :] = 0
     touched[0] = 0
 
 
@@ -138,8 +133,7 @@ def batch(
     start, ids, probs, offsets, labels, docs, tail_count, tail_mass, top1_bin, top1_prob,
     top1_ok, vocab, fine_bins, threshold,
     bin1_n, bin1_p, bin1_hits, label_hits,
-    buf_keys, buf_probs, buf_n, part_counts, seq_rows, seq_n,
-    doc_int, doc_float, marked, touched, current,
+    buf_keys, buf_probs, buf_n, part_counts, seq_rows, seq_n, doc, touched, current,
 ):  # fmt: skip
     """Fold rows start.. of one batch in. Returns (code, row): _GROW asks the
     caller to enlarge `seq_rows`, _FULL to empty the entry buffer (see
@@ -149,27 +143,28 @@ def batch(
     with bit 31 set for the row's label; probability) for the class table
     (columns [key, n, hits, p_sum]),
     counted per class partition (id & (parts - 1)).
-    The current document's seq bins are summed in `doc_int` (rows n, hits,
-    top1_n, correct) and `doc_float` (rows p_sum, conf_sum), dense over bins,
-    `touched` listing the bins used, and are appended to `seq_rows` (columns
-    [key, n, hits, top1_n, correct, p_sum, conf_sum, -], key = doc_id * (F +
-    1) + bin; seq_n[0] rows used) when the document changes. Rows of a
+    The current document's seq bins are summed in `doc`, one row per bin in
+    the layout of a seq row ([key, n, hits, top1_n, correct, p_sum, conf_sum,
+    marked], floats through a float64 view: one cache line per bin),
+    `touched` listing the bins used, and are appended to `seq_rows` (key =
+    doc_id * (F + 1) + bin; seq_n[0] rows used) when the document changes. Rows of a
     document are consecutive in a shard; if not, its key repeats and the rows
     are summed when the table is made. current = [doc, active].
     """
     stride = fine_bins + 1
     parts_mask = part_counts.size - 1
+    doc_f = doc.view(np.float64)
     for i in range(start, labels.size):
         lo, hi = offsets[i], offsets[i + 1]
         if seq_n[0] + stride > seq_rows.shape[0]:
             return _GROW, i
         if buf_n[0] + hi - lo > buf_keys.size:
             return _FULL, i
-        doc = docs[i]
-        if current[1] == 0 or doc != current[0]:
+        doc_id = docs[i]
+        if current[1] == 0 or doc_id != current[0]:
             if current[1]:
-                flush(doc_int, doc_float, marked, touched, current, seq_rows, seq_n, stride)
-            current[0] = doc
+                flush(doc, touched, current, seq_rows, seq_n, stride)
+            current[0] = doc_id
             current[1] = 1
         label = labels[i]
         n1 = 0
@@ -200,23 +195,25 @@ def batch(
                 buf_probs[e] = v
                 e += 1
                 part_counts[c & parts_mask] += 1
-                touch(marked, touched, b)
-                doc_int[0, b] += 1
-                doc_int[1, b] += hit
-                doc_float[0, b] += v64
+                n_b = doc[b, 1]
+                if n_b == 0:  # (the check on n first: most entries meet a listed bin)
+                    touch(doc, touched, b)
+                doc[b, 1] = n_b + 1
+                doc[b, 2] += hit
+                doc_f[b, 5] += v64
         buf_n[0] = e
         label_hits[i] = hits
         tc = tail_count[i]
         if n1 + tc > 0:
-            touch(marked, touched, 1)
-            doc_int[0, 1] += n1 + tc
-            doc_int[1, 1] += h1
-            doc_float[0, 1] += p1 + tail_mass[i]
+            touch(doc, touched, 1)
+            doc[1, 1] += n1 + tc
+            doc[1, 2] += h1
+            doc_f[1, 5] += p1 + tail_mass[i]
         b = top1_bin[i]
-        touch(marked, touched, b)
-        doc_int[2, b] += 1
-        doc_int[3, b] += top1_ok[i]
-        doc_float[1, b] += np.float64(top1_prob[i])
+        touch(doc, touched, b)
+        doc[b, 3] += 1
+        doc[b, 4] += top1_ok[i]
+        doc_f[b, 6] += np.float64(top1_prob[i])
     return _OK, -1
 
 

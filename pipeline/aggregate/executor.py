@@ -198,6 +198,7 @@ def _aggregate_topk_shard(
                 # a partial table is read once by the reduce: fast to write beats small
                 compression="lz4",
                 use_dictionary=False,
+                column_encoding=tablestore.column_encodings(tables[name].schema),
                 write_statistics=False,
             )
         meta = _part_meta(shard, fine_bins, positions=shard.rows, tail_max=state.tail_max)
@@ -234,6 +235,8 @@ def _aggregate_full_shard(shard: Shard, part_dir: Path, fine_bins: int, bar=None
                 arrow[name].cast(TABLE_SCHEMAS[name]),
                 str(tmp / f"{name}.parquet"),
                 compression="zstd",
+                use_dictionary=False,
+                column_encoding=tablestore.column_encodings(TABLE_SCHEMAS[name]),
             )
         meta = _part_meta(shard, fine_bins, positions=tables.positions, tail_max=tables.tail_max)
         atomic.write_json(tmp / PART_META, meta)

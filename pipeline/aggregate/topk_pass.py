@@ -58,9 +58,7 @@ def _flush_document(state) -> None:
     if state._current[1]:
         state._reserve_seq_rows()
         _kernels().flush(
-            state._doc_int,
-            state._doc_float,
-            state._marked,
+            state._doc,
             state._touched,
             state._current,
             state._seq_rows,
@@ -191,9 +189,7 @@ class TopkShardPass:
         self._part_starts = np.zeros(self._parts + 1, np.int64)
         self._part_counts = np.zeros(self._parts, np.int64)
         # the current document's seq bins, dense over bins (see _topk_kernel.batch)
-        self._doc_int = np.zeros((4, f + 1), np.int64)  # n, hits, top1_n, correct
-        self._doc_float = np.zeros((2, f + 1), np.float64)  # p_sum, conf_sum
-        self._marked = np.zeros(f + 1, np.uint8)
+        self._doc = np.zeros((f + 1, _SEQ_WIDTH), np.int64)  # a seq row per bin
         self._touched = np.zeros(f + 2, np.int64)
         self._current = np.zeros(2, np.int64)
 
@@ -275,9 +271,7 @@ class TopkShardPass:
                 *args,
                 self._seq_rows,
                 self._seq_n,
-                self._doc_int,
-                self._doc_float,
-                self._marked,
+                self._doc,
                 self._touched,
                 self._current,
             )

@@ -41,17 +41,31 @@ class TablesError(ValueError):
 # ------------------------------------------------------------------ writing
 
 
+def column_encodings(schema: pa.Schema) -> dict[str, str]:
+    """Per-column Parquet encodings of a bin table: integers (keys, counts)
+    DELTA_BINARY_PACKED, floats (sums) BYTE_STREAM_SPLIT. Measured on the
+    issue-14 tables against plain encoding: files 5-10% smaller and written
+    1.6x faster (less for zstd to compress), read faster; DuckDB, Polars and
+    pyarrow read both encodings."""
+    return {
+        f.name: "DELTA_BINARY_PACKED" if pa.types.is_integer(f.type) else "BYTE_STREAM_SPLIT"
+        for f in schema
+        if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
+    }
+
+
 def parquet_writer(path, schema: pa.Schema) -> pq.ParquetWriter:
     """The one writer of bin-table Parquet files: zstd, with page checksums
-    (CRC32, verified by every reader of this module); no dictionary pages
-    (measured: smaller and faster to write for every table, whose columns
-    are mostly distinct sums)."""
+    (CRC32, verified by every reader of this module), the encodings of
+    :func:`column_encodings` and no dictionary pages (measured: smaller and
+    faster to write for every table, whose columns are mostly distinct sums)."""
     return pq.ParquetWriter(
         str(path),
         schema,
         compression=PARQUET_COMPRESSION,
         write_page_checksum=True,
         use_dictionary=False,
+        column_encoding=column_encodings(schema),
     )
 
 
