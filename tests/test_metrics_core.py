@@ -536,3 +536,34 @@ def test_nan_logits_named():
     logits[2, 1] = np.nan
     with pytest.raises(InputError, match="row 2"):
         acc.update_logits(logits, [0, 0, 0, 0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 40), min_size=1, max_size=60),
+    st.sampled_from(["as is", "sorted", "spread"]),
+    st.integers(0, 2**31),
+)
+def test_group_sum_adds_every_row_of_a_key(raw_keys, layout, seed):
+    """group_sum against a dict of running sums, written from its definition:
+    every path (keys already sorted, a small key range, a sort), repeated
+    keys, int32 and float32 inputs summed in int64 / float64."""
+    from pipeline.core.tables import group_sum
+
+    rng = np.random.default_rng(seed)
+    keys = np.array(raw_keys, np.int64)
+    if layout == "sorted":
+        keys = np.sort(keys)
+    elif layout == "spread":  # a key range too wide for the dense bincount
+        keys = keys * (1 << 40) + 7
+    counts = rng.integers(-5, 1000, keys.size).astype(np.int32)
+    masses = rng.random(keys.size).astype(np.float32)
+    ukeys, sums = group_sum(keys, {"n": counts, "p": masses})
+    want_n, want_p = {}, {}
+    for key, n, p in zip(keys.tolist(), counts.tolist(), masses.tolist(), strict=True):
+        want_n[key] = want_n.get(key, 0) + n
+        want_p[key] = want_p.get(key, 0.0) + p  # in input order, as group_sum
+    assert ukeys.tolist() == sorted(want_n)
+    assert sums["n"].dtype == np.int64 and sums["p"].dtype == np.float64
+    assert sums["n"].tolist() == [want_n[k] for k in sorted(want_n)]
+    assert sums["p"].tolist() == pytest.approx([want_p[k] for k in sorted(want_p)], rel=1e-12)

@@ -62,6 +62,37 @@ def test_bad_kept_entry_names_file_and_row(tmp_path, case, column, value, messag
         aggregate([run])
 
 
+def _rewrite_scalar(pos, row, column, value):
+    t = pq.read_table(pos)
+    values = t.column(column).to_pylist()
+    values[row] = value
+    field = t.schema.field(column)
+    t = t.set_column(t.schema.get_field_index(column), field, pa.array(values, field.type))
+    pq.write_table(t, pos)
+
+
+@pytest.mark.parametrize(
+    "column,value,message",
+    [
+        ("label", 30, r"row 7: label outside \[0, 30\)"),
+        ("label", -2, r"row 7: label outside \[0, 30\)"),
+        ("top1_id", 31, r"row 7: top1_id outside \[0, 30\)"),
+        ("top1_prob", 1.25, r"row 7: top1_prob outside \[0, 1\]"),
+        ("top1_prob", float("nan"), r"row 7: top1_prob outside \[0, 1\]"),
+        ("doc_id", -(1 << 62), r"row 7: doc_id outside \[-\d+, \d+\]"),
+    ],
+)
+def test_bad_position_names_file_and_row(tmp_path, case, column, value, message):
+    """The per-position checks of the one pass fire before the row is counted."""
+    run = tmp_path / "run"
+    write_run(run, case, k=3, shard_rows=200)
+    pos = run / "shards" / "positions-00000.parquet"
+    _rewrite_scalar(pos, 7, column, value)
+    _reseal(run)
+    with pytest.raises(AggregateError, match=r"positions-00000\.parquet: " + message):
+        aggregate([run])
+
+
 def test_label_kept_twice_is_refused(tmp_path, case):
     run = tmp_path / "run"
     write_run(run, case, k=3, shard_rows=200)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-OK, BAD_ID, BAD_PROB, GROW, FULL = 0, 1, 2, 3, 4
+OK, BAD_ID, BAD_PROB, GROW, FULL, BAD_LABEL, BAD_TOP1, BAD_TOP1_PROB, BAD_DOC = range(9)
 # a buffered entry's key: class << 32 | hit << 31 | bin; the table's: without the hit bit
 _KEY_MASK = ~np.int64(1 << 31)
 EMPTY = np.iinfo(np.int64).min  # key of a free slot
 
 _njit = numba.njit(cache=True, nogil=True)
 _OK, _BAD_ID, _BAD_PROB, _GROW, _FULL, _EMPTY = OK, BAD_ID, BAD_PROB, GROW, FULL, EMPTY
+_BAD_LABEL, _BAD_TOP1, _BAD_TOP1_PROB, _BAD_DOC = BAD_LABEL, BAD_TOP1, BAD_TOP1_PROB, BAD_DOC
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -130,26 +131,35 @@ def flush(doc, touched, current, seq_rows, seq_n, stride):
 
 @_njit
 def batch(
-    start, ids, probs, offsets, labels, docs, tail_count, tail_mass, top1_bin, top1_prob,
-    top1_ok, vocab, fine_bins, threshold,
-    bin1_n, bin1_p, bin1_hits, label_hits,
-    buf_keys, buf_probs, buf_n, part_counts, seq_rows, seq_n, doc, touched, current,
+    start, ids, probs, offsets, labels, top1_id, top1_prob, docs, tail_count, tail_mass,
+    tail_max, vocab, fine_bins, threshold, doc_limit,
+    bin1_n, bin1_p, bin1_hits, label_count, top1_count, top1_int, top1_conf, totals,
+    largest_tail, buf_keys, buf_probs, buf_n, part_counts, seq_rows, seq_n, doc, touched, current,
 ):  # fmt: skip
     """Fold rows start.. of one batch in. Returns (code, row): _GROW asks the
     caller to enlarge `seq_rows`, _FULL to empty the entry buffer (see
-    `partition`/`insert`), then to call again from that row.
+    `partition`/`insert`), then to call again from that row; a _BAD_* code
+    names the first row that fails its check (label, top1_id and kept ids in
+    [0, vocab), probabilities in [0, 1], |doc_id| <= doc_limit), checked
+    before the row changes anything.
+
+    Per row: label_count[label] and top1_count[top1_id] count it; its top-1
+    bin (the one rule, max(ceil(float64(p) * F), 1)) adds to top1_int[bin]
+    (n, correct) and top1_conf[bin]; totals += [rows whose label is not
+    kept, kept entries equal to the label, tail_count]; largest_tail[0] is
+    the largest tail_max seen.
 
     Entries above bin 1 are appended to the buffer (key = id << 32 | bin,
     with bit 31 set for the row's label; probability) for the class table
-    (columns [key, n, hits, p_sum]),
-    counted per class partition (id & (parts - 1)).
-    The current document's seq bins are summed in `doc`, one row per bin in
-    the layout of a seq row ([key, n, hits, top1_n, correct, p_sum, conf_sum,
-    marked], floats through a float64 view: one cache line per bin),
-    `touched` listing the bins used, and are appended to `seq_rows` (key =
-    doc_id * (F + 1) + bin; seq_n[0] rows used) when the document changes. Rows of a
-    document are consecutive in a shard; if not, its key repeats and the rows
-    are summed when the table is made. current = [doc, active].
+    (columns [key, n, hits, p_sum]), counted per class partition (id & (parts
+    - 1)). The current document's seq bins are summed in `doc`, one row per
+    bin in the layout of a seq row ([key, n, hits, top1_n, correct, p_sum,
+    conf_sum, marked], floats through a float64 view: one cache line per
+    bin), `touched` listing the bins used, and are appended to `seq_rows`
+    (key = doc_id * (F + 1) + bin; seq_n[0] rows used) when the document
+    changes. Rows of a document are consecutive in a shard; if not, its key
+    repeats and the rows are summed when the table is made. current = [doc,
+    active].
     """
     stride = fine_bins + 1
     parts_mask = part_counts.size - 1
@@ -160,13 +170,23 @@ def batch(
             return _GROW, i
         if buf_n[0] + hi - lo > buf_keys.size:
             return _FULL, i
-        doc_id = docs[i]
+        label = labels[i]
+        if label < 0 or label >= vocab:
+            return _BAD_LABEL, i
+        top1 = top1_id[i]
+        if top1 < 0 or top1 >= vocab:
+            return _BAD_TOP1, i
+        q = top1_prob[i]
+        if not (q >= 0.0 and q <= 1.0):
+            return _BAD_TOP1_PROB, i
+        doc_id = np.int64(docs[i])
+        if doc_id < -doc_limit or doc_id > doc_limit:
+            return _BAD_DOC, i
         if current[1] == 0 or doc_id != current[0]:
             if current[1]:
                 flush(doc, touched, current, seq_rows, seq_n, stride)
             current[0] = doc_id
             current[1] = 1
-        label = labels[i]
         n1 = 0
         p1 = 0.0
         h1 = 0
@@ -202,64 +222,125 @@ def batch(
                 doc[b, 2] += hit
                 doc_f[b, 5] += v64
         buf_n[0] = e
-        label_hits[i] = hits
+        if hits == 0:
+            totals[0] += 1
+        totals[1] += hits
         tc = tail_count[i]
+        totals[2] += tc
+        if tail_max[i] > largest_tail[0]:
+            largest_tail[0] = tail_max[i]
         if n1 + tc > 0:
             touch(doc, touched, 1)
             doc[1, 1] += n1 + tc
             doc[1, 2] += h1
             doc_f[1, 5] += p1 + tail_mass[i]
-        b = top1_bin[i]
+        label_count[label] += 1
+        top1_count[top1] += 1
+        q64 = np.float64(q)
+        b = max(np.int64(np.ceil(q64 * fine_bins)), 1)
+        ok = 1 if top1 == label else 0
+        top1_int[b, 0] += 1
+        top1_int[b, 1] += ok
+        top1_conf[b] += q64
         touch(doc, touched, b)
         doc[b, 3] += 1
-        doc[b, 4] += top1_ok[i]
-        doc_f[b, 6] += np.float64(top1_prob[i])
+        doc[b, 4] += ok
+        doc_f[b, 6] += q64
     return _OK, -1
 
 
 @_njit
-def class_rows_sorted(slots, bin1_classes, vocab, fine_bins):
-    """The class table's used rows plus one zero row (class, bin 1) per class
-    in `bin1_classes`, in (class, bin) order: two counting sorts (by bin, then
-    stably by class). Key = class << 32 | bin."""
-    n = bin1_classes.size
-    for s in range(slots.shape[0]):
-        if slots[s, 0] != _EMPTY:
-            n += 1
-    keys = np.empty(n, np.int64)
-    where = np.empty(n, np.int64)  # slot, or -1 for a bin-1 row
-    e = 0
-    for c in bin1_classes:
-        keys[e] = (np.int64(c) << 32) | 1
-        where[e] = -1
-        e += 1
-    for s in range(slots.shape[0]):
-        if slots[s, 0] != _EMPTY:
-            keys[e] = slots[s, 0]
-            where[e] = s
-            e += 1
-    by_bin = np.zeros(fine_bins + 2, np.int64)
-    for e in range(n):
-        by_bin[(keys[e] & 0xFFFFFFFF) + 1] += 1
-    for b in range(fine_bins + 1):
-        by_bin[b + 1] += by_bin[b]
-    first = np.empty(n, np.int64)
-    for e in range(n):
-        b = keys[e] & 0xFFFFFFFF
-        first[by_bin[b]] = e
-        by_bin[b] += 1
-    by_class = np.zeros(vocab + 1, np.int64)
-    for e in range(n):
-        by_class[(keys[e] >> 32) + 1] += 1
+def class_table(slots, bin1_n, bin1_hits, bin1_p, order, vocab, fine_bins):
+    """The shard's class_bins columns in (class, bin) order: the class table's
+    used slots plus, per class with bin1_n[c] != 0, its bin-1 row from the
+    dense vectors; and the class mass (sum of p_sum) per class. Two counting
+    sorts (the slots by bin into `order`, a scratch of at least as many int64
+    as used slots; then stably by class into the outputs), each output written
+    once at its final size."""
+    per_class = np.zeros(vocab + 1, np.int64)
+    per_bin = np.zeros(fine_bins + 2, np.int64)
     for c in range(vocab):
-        by_class[c + 1] += by_class[c]
-    out = np.zeros((n, slots.shape[1]), np.int64)
-    for e in first:
-        c = keys[e] >> 32
-        r = by_class[c]
-        by_class[c] = r + 1
-        if where[e] >= 0:
-            out[r, :] = slots[where[e], :]
-        else:
-            out[r, 0] = keys[e]
-    return out
+        if bin1_n[c] != 0:
+            per_class[c + 1] += 1
+    for s in range(slots.shape[0]):
+        key = slots[s, 0]
+        if key != _EMPTY:
+            per_class[(key >> 32) + 1] += 1
+            per_bin[(key & 0xFFFFFFFF) + 1] += 1
+    for c in range(vocab):
+        per_class[c + 1] += per_class[c]
+    for b in range(fine_bins + 1):
+        per_bin[b + 1] += per_bin[b]
+    for s in range(slots.shape[0]):
+        key = slots[s, 0]
+        if key != _EMPTY:
+            b = key & 0xFFFFFFFF
+            order[per_bin[b]] = s
+            per_bin[b] += 1
+    rows = per_class[vocab]
+    ids = np.empty(rows, np.int32)
+    bins = np.empty(rows, np.int32)
+    n = np.empty(rows, np.int64)
+    p_sum = np.empty(rows, np.float64)
+    hits = np.empty(rows, np.int64)
+    p_mass = np.zeros(vocab, np.float64)
+    floats = slots.view(np.float64)
+    for c in range(vocab):  # bin 1 first: table rows hold bins >= 2
+        if bin1_n[c] != 0:
+            r = per_class[c]
+            per_class[c] = r + 1
+            ids[r] = c
+            bins[r] = 1
+            n[r] = bin1_n[c]
+            p_sum[r] = bin1_p[c]
+            hits[r] = bin1_hits[c]
+            p_mass[c] += bin1_p[c]
+    for t in range(per_bin[fine_bins + 1]):
+        s = order[t]
+        key = slots[s, 0]
+        c = key >> 32
+        r = per_class[c]
+        per_class[c] = r + 1
+        ids[r] = c
+        bins[r] = key & 0xFFFFFFFF
+        n[r] = slots[s, 1]
+        hits[r] = slots[s, 2]
+        p_sum[r] = floats[s, 3]
+        p_mass[c] += floats[s, 3]
+    return ids, bins, n, p_sum, hits, p_mass
+
+
+@_njit
+def seq_columns(rows, stride):
+    """seq_bins columns from the appended seq rows when their keys strictly
+    increase (documents in increasing order, each within the shard's batches
+    contiguous): (True, seq_id, bin, n, p_sum, hits, top1_n, conf_sum,
+    correct); else (False, ...) with empty columns (the caller groups)."""
+    m = rows.shape[0]
+    ok = True
+    for r in range(1, m):
+        if rows[r, 0] <= rows[r - 1, 0]:
+            ok = False
+            break
+    if not ok:
+        m = 0
+    seq_id = np.empty(m, np.int64)
+    bins = np.empty(m, np.int32)
+    n = np.empty(m, np.int64)
+    p_sum = np.empty(m, np.float64)
+    hits = np.empty(m, np.int64)
+    top1_n = np.empty(m, np.int64)
+    conf_sum = np.empty(m, np.float64)
+    correct = np.empty(m, np.int64)
+    floats = rows.view(np.float64)
+    for r in range(m):
+        key = rows[r, 0]
+        seq_id[r] = key // stride
+        bins[r] = key - (key // stride) * stride
+        n[r] = rows[r, 1]
+        hits[r] = rows[r, 2]
+        top1_n[r] = rows[r, 3]
+        correct[r] = rows[r, 4]
+        p_sum[r] = floats[r, 5]
+        conf_sum[r] = floats[r, 6]
+    return ok, seq_id, bins, n, p_sum, hits, top1_n, conf_sum, correct

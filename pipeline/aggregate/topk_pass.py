@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.core.binning import bin1_threshold, fine_bin_index
-from pipeline.core.tables import SparseBins
+from pipeline.core.binning import bin1_threshold
+from pipeline.core.tables import SEQ_BIN_VALUES, SparseBins
 
 BATCH_ROWS = 65_536  # positions decoded at a time (64 kept each: 4M entries, ~32 MB)
 _INITIAL_SEQ_ROWS = 1 << 16  # grown by doubling
@@ -44,7 +44,16 @@ _INITIAL_REGION_BITS = 10
 _capacity_hint = {"class_region_bits": _INITIAL_REGION_BITS, "seq": _INITIAL_SEQ_ROWS}
 
 # codes the kernel returns (row index alongside), as in _topk_kernel
-_OK, _BAD_ID, _BAD_PROB, _GROW, _FULL = 0, 1, 2, 3, 4
+_OK, _BAD_ID, _BAD_PROB, _GROW, _FULL, _BAD_LABEL, _BAD_TOP1, _BAD_TOP1_PROB, _BAD_DOC = range(9)
+_ROW_ERRORS = {
+    _BAD_ID: "kept class id outside [0, {k})",
+    _BAD_PROB: "kept probability outside [0, 1]",
+    _BAD_LABEL: "label outside [0, {k})",
+    _BAD_TOP1: "top1_id outside [0, {k})",
+    _BAD_TOP1_PROB: "top1_prob outside [0, 1]",
+    _BAD_DOC: "doc_id outside [-{limit}, {limit}]",
+}
+_DOC_LIMIT = 1 << 62  # doc_id * (F + 1) + bin must fit an int64
 
 
 def _kernels():
@@ -144,11 +153,7 @@ class TopkShardPass:
     vocab_size: int
     fine_bins: int
     positions: int = 0
-    label_rows_missing: int = 0  # rows whose label is not among the kept ids
-    label_hits: int = 0  # kept entries equal to their row's label (= rows when valid)
     kept_entries: int = 0
-    position_tail_count: int = 0
-    tail_max: float = 0.0
     extra: dict = field(default_factory=dict)  # room for per-shard outputs of other passes
 
     def __post_init__(self):
@@ -166,9 +171,11 @@ class TopkShardPass:
         self.bin1_p_sum = self._per_class.view(np.float64)[:, 2]
         self.label_count = np.zeros(k, np.int64)
         self.top1_count = np.zeros(k, np.int64)
-        self.top1_n = np.zeros(f, np.int64)
-        self.top1_conf_sum = np.zeros(f, np.float64)
-        self.top1_correct = np.zeros(f, np.int64)
+        self._top1_int = np.zeros((f + 1, 2), np.int64)  # per top-1 bin: n, correct
+        self._top1_conf = np.zeros(f + 1, np.float64)
+        # rows whose label is not kept, kept entries equal to the label, tail_count
+        self._totals = np.zeros(3, np.int64)
+        self._largest_tail = np.zeros(1, np.float32)
         self.class_tail_n = np.zeros(k, np.int64)
         # (class, bin) -> n, hits, p_sum, one region per class partition;
         # (doc, bin) -> n, hits, top1_n, correct, p_sum, conf
@@ -197,8 +204,6 @@ class TopkShardPass:
 
     def add_batch(self, batch) -> None:
         """One Arrow record batch of the positions schema (any row count)."""
-        import pyarrow as pa
-
         kernels = _kernels()
         k, f = self.vocab_size, self.fine_bins
         n = batch.num_rows
@@ -215,51 +220,34 @@ class TopkShardPass:
         ids = np.asarray(kept_ids.values)[id_off[0] : id_off[-1]]
         probs = np.asarray(kept_probs.values)[p_off[0] : p_off[-1]]
         id_off = id_off - id_off[0]
-        labels = np.asarray(col("label"))
-        top1_id = np.asarray(col("top1_id"))
-        top1_prob = np.asarray(col("top1_prob"))
-        for name, values in (("label", labels), ("top1_id", top1_id)):
-            bad = np.flatnonzero((values < 0) | (values >= k))
-            if bad.size:
-                raise KeptEntryError(f"{name} outside [0, {k})", self.positions + int(bad[0]))
-        bad = np.flatnonzero(~((top1_prob >= 0) & (top1_prob <= 1)))
-        if bad.size:
-            raise KeptEntryError("top1_prob outside [0, 1]", self.positions + int(bad[0]))
-        docs = np.asarray(col("doc_id"), dtype=np.int64)
-        limit = (1 << 62) // (f + 1)  # doc_id * (F + 1) + bin must fit an int64
-        bad = np.flatnonzero((docs < -limit) | (docs > limit))
-        if bad.size:
-            raise KeptEntryError(
-                f"doc_id outside [-{limit}, {limit}]", self.positions + int(bad[0])
-            )
-        tail_count = np.asarray(col("tail_count"))
-        tail_mass = np.asarray(col("tail_mass"), dtype=np.float64)
-        top1_bin = fine_bin_index(top1_prob, f)
-        top1_ok = (top1_id == labels).astype(np.int64)
-        hits = np.empty(n, np.int64)
         longest = int(np.diff(id_off).max())
         if self._buffer is None or self._buffer[0].size < longest:
             self._group_buffer()
             size = max(_BUFFER_ENTRIES, longest)
             self._buffer = tuple(np.empty(size, dtype) for dtype in (np.int64, np.float32) * 2)
+        columns = (
+            np.asarray(col(name))
+            for name in ("label", "top1_id", "top1_prob", "doc_id", "tail_count", "tail_mass")
+        )
         args = (
             ids,
             probs,
             id_off,
-            labels,
-            docs,
-            tail_count,
-            tail_mass,
-            top1_bin,
-            top1_prob,
-            top1_ok,
+            *columns,
+            np.asarray(col("tail_max")),
             k,
             f,
             self._threshold,
+            _DOC_LIMIT // (f + 1),
             self.bin1_n,
             self.bin1_p_sum,
             self.bin1_hits,
-            hits,
+            self.label_count,
+            self.top1_count,
+            self._top1_int,
+            self._top1_conf,
+            self._totals,
+            self._largest_tail,
             *self._buffer[:2],
             self._buffer_n,
             self._part_counts,
@@ -281,22 +269,29 @@ class TopkShardPass:
                 self._group_buffer()
             else:
                 break
-        if code == _BAD_ID:
-            raise KeptEntryError(f"kept class id outside [0, {k})", self.positions + int(row))
-        if code == _BAD_PROB:
-            raise KeptEntryError("kept probability outside [0, 1]", self.positions + int(row))
-        self.label_rows_missing += int(np.count_nonzero(hits == 0))
-        self.label_hits += int(hits.sum())
-        self.kept_entries += int(id_off[-1] - id_off[0])
-        self.position_tail_count += int(tail_count.sum(dtype=np.int64))
-        self.tail_max = max(self.tail_max, float(pa.compute.max(col("tail_max")).as_py() or 0.0))
-        self.label_count += np.bincount(labels, minlength=k)
-        self.top1_count += np.bincount(top1_id, minlength=k)
-        tb = top1_bin - 1
-        self.top1_n += np.bincount(tb, minlength=f)
-        self.top1_conf_sum += np.bincount(tb, weights=top1_prob.astype(np.float64), minlength=f)
-        self.top1_correct += np.bincount(tb, weights=top1_ok, minlength=f).astype(np.int64)
+        if code != _OK:
+            message = _ROW_ERRORS[code].format(k=k, limit=_DOC_LIMIT // (f + 1))
+            raise KeptEntryError(message, self.positions + int(row))
+        self.kept_entries += int(id_off[-1])
         self.positions += n
+
+    @property
+    def label_rows_missing(self) -> int:
+        """Rows whose label is not among their kept ids (0 for a valid shard)."""
+        return int(self._totals[0])
+
+    @property
+    def label_hits(self) -> int:
+        """Kept entries equal to their row's label (= rows for a valid shard)."""
+        return int(self._totals[1])
+
+    @property
+    def position_tail_count(self) -> int:
+        return int(self._totals[2])
+
+    @property
+    def tail_max(self) -> float:
+        return float(self._largest_tail[0])
 
     def add_class_tail(self, class_ids, tail_count, tail_mass) -> None:
         """Per-class tail pairs enter class_bins at bin 1 (rows with count > 0)."""
@@ -357,38 +352,49 @@ class TopkShardPass:
         _capacity_hint["class_region_bits"] = self._region_bits
         _capacity_hint["seq"] = self._seq_rows.shape[0]
         stride = self.fine_bins + 1
-        # class_bins: bin-1 rows from the dense vectors, the rest from the table;
-        # class key = id << 32 | bin (see _topk_kernel), sorted = (class, bin) order
-        bin1_total = self.bin1_n + self.class_tail_n
-        present = np.flatnonzero(bin1_total)
-        c_int = _kernels().class_rows_sorted(self._class, present, self.vocab_size, self.fine_bins)
-        c_key, c_float = c_int[:, 0], c_int.view(np.float64)
-        c_ids = c_key >> 32
-        first = np.flatnonzero(c_key & 0xFFFFFFFF == 1)  # bin-1 rows (all from `present`)
-        c_int[first, 1] = bin1_total[c_ids[first]]
-        c_int[first, 2] = self.bin1_hits[c_ids[first]]
-        c_float[first, 3] = self.bin1_p_sum[c_ids[first]]
-        seq_bins = _seq_bins(self._seq_rows[: int(self._seq_n[0])], stride)
-        top1_rows = np.flatnonzero(self.top1_n)
-        # per class: kept + tail mass, and whether it has any kept or tail pair
-        p_mass = np.bincount(c_ids, weights=c_float[:, 3], minlength=self.vocab_size)
-        has_pairs = np.bincount(c_ids, minlength=self.vocab_size) > 0
+        kernels = _kernels()
+        # class_bins: bin-1 rows from the dense vectors, the rest from the table,
+        # in (class, bin) order; the spent entry buffer is the sort's scratch
+        order = self._buffer[2] if self._buffer is not None else None
+        used = int(self._region_counts.sum())
+        if order is None or order.size < used:
+            order = np.empty(used, np.int64)
+        c_ids, c_bins, c_n, c_p, c_hits, p_mass = kernels.class_table(
+            self._class,
+            self.bin1_n + self.class_tail_n,
+            self.bin1_hits,
+            self.bin1_p_sum,
+            order,
+            self.vocab_size,
+            self.fine_bins,
+        )
+        seq_rows = self._seq_rows[: int(self._seq_n[0])]
+        ok, *seq_columns = kernels.seq_columns(seq_rows, stride)
+        if ok:
+            seq_bins = dict(zip(("seq_id", "bin", *SEQ_BIN_VALUES), seq_columns, strict=True))
+        else:
+            grouped = _seq_bins(seq_rows, stride)
+            seq_bins = {"seq_id": grouped.ids, "bin": grouped.bins, **grouped.values}
+        top1_rows = np.flatnonzero(self._top1_int[:, 0])
+        # classes with any kept or tail pair, label or top-1 position
+        has_pairs = np.zeros(self.vocab_size, bool)
+        has_pairs[c_ids] = True
         tokens = np.flatnonzero(has_pairs | (self.label_count > 0) | (self.top1_count > 0))
         _give_scratch({"class": self._class, "seq_rows": self._seq_rows, "buffer": self._buffer})
         self._class = self._seq_rows = self._buffer = None
         return {
             "class_bins": {
-                "class_id": c_ids.astype(np.int32),
-                "bin": (c_key & 0xFFFFFFFF).astype(np.int32),
-                "n": c_int[:, 1],
-                "p_sum": c_float[:, 3],
-                "hits": c_int[:, 2],
+                "class_id": c_ids,
+                "bin": c_bins,
+                "n": c_n,
+                "p_sum": c_p,
+                "hits": c_hits,
             },
             "top1_bins": {
-                "bin": (top1_rows + 1).astype(np.int32),
-                "n": self.top1_n[top1_rows],
-                "conf_sum": self.top1_conf_sum[top1_rows],
-                "correct": self.top1_correct[top1_rows],
+                "bin": top1_rows.astype(np.int32),
+                "n": self._top1_int[top1_rows, 0],
+                "conf_sum": self._top1_conf[top1_rows],
+                "correct": self._top1_int[top1_rows, 1],
             },
             "tokens": {
                 "class_id": tokens.astype(np.int32),
@@ -396,5 +402,5 @@ class TopkShardPass:
                 "top1_count": self.top1_count[tokens],
                 "p_mass": p_mass[tokens],
             },
-            "seq_bins": {"seq_id": seq_bins.ids, "bin": seq_bins.bins, **seq_bins.values},
+            "seq_bins": seq_bins,
         }

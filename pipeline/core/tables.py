@@ -76,11 +76,24 @@ def _summable(v) -> np.ndarray:
     return v.astype(np.int64 if v.dtype.kind in "iub" else np.float64, copy=False)
 
 
+def _segment_sums(values, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Sums of values[order] over the segments that begin at `starts`, in one
+    compiled pass (no gathered copy); integers in int64 (exact), floats in
+    float64, each segment summed in `order`."""
+    from pipeline.core import _group_kernel
+
+    v = np.asarray(values)
+    if v.dtype.kind in "iub":
+        return _group_kernel.segment_sums_int(v.astype(np.int64, copy=False), order, starts)
+    return _group_kernel.segment_sums_float(v, order, starts)
+
+
 def group_sum(keys: np.ndarray, values: dict[str, np.ndarray]):
     """Sum `values` over equal int64 `keys`. Returns (unique sorted keys, sums);
     columns of keys already sorted and unique come back as they are (no copy).
 
-    Integer columns stay integer (exact); float columns are summed in float64.
+    Integer columns stay integer (exact); float columns are summed in float64,
+    the rows of a key in their input order.
     """
     keys = np.asarray(keys, dtype=np.int64)
     if keys.size == 0:
@@ -91,7 +104,8 @@ def group_sum(keys: np.ndarray, values: dict[str, np.ndarray]):
         starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
         if starts.size == keys.size:
             return keys, {k: _summable(v) for k, v in values.items()}
-        return keys[starts], {k: np.add.reduceat(_summable(v), starts) for k, v in values.items()}
+        order = np.arange(keys.size)
+        return keys[starts], {k: _segment_sums(v, order, starts) for k, v in values.items()}
     lo, hi = int(keys.min()), int(keys.max())
     if hi - lo < max(1 << 20, 4 * keys.size):
         # a small key range: dense bincount beats sorting by far
@@ -103,11 +117,12 @@ def group_sum(keys: np.ndarray, values: dict[str, np.ndarray]):
             total = np.bincount(shifted, weights=v, minlength=hi - lo + 1)[present]
             sums[name] = total.astype(np.int64) if v.dtype.kind in "iub" else total
         return present + lo, sums
+    # stable: a key's rows keep their input order (a concatenation of sorted
+    # tables is a few runs, which this sort merges in linear time)
     order = np.argsort(keys, kind="stable")
     sorted_keys = keys[order]
     starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
-    sums = {k: np.add.reduceat(_summable(v)[order], starts) for k, v in values.items()}
-    return sorted_keys[starts], sums
+    return sorted_keys[starts], {k: _segment_sums(v, order, starts) for k, v in values.items()}
 
 
 @dataclass
