@@ -541,19 +541,24 @@ def test_nan_logits_named():
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.integers(0, 40), min_size=1, max_size=60),
-    st.sampled_from(["as is", "sorted", "spread"]),
+    st.sampled_from(["as is", "sorted", "two runs", "many", "spread"]),
     st.integers(0, 2**31),
 )
 def test_group_sum_adds_every_row_of_a_key(raw_keys, layout, seed):
     """group_sum against a dict of running sums, written from its definition:
-    every path (keys already sorted, a small key range, a sort), repeated
-    keys, int32 and float32 inputs summed in int64 / float64."""
+    every path (keys already sorted, a few sorted runs, many runs over a small
+    key range, a wide range), repeated keys, int32 and float32 inputs summed
+    in int64 / float64."""
     from pipeline.core.tables import group_sum
 
     rng = np.random.default_rng(seed)
     keys = np.array(raw_keys, np.int64)
     if layout == "sorted":
         keys = np.sort(keys)
+    elif layout == "two runs":  # two tables' rows, each sorted (merged by a sort)
+        keys = np.r_[np.sort(keys), np.sort(keys[::2])]
+    elif layout == "many":  # many runs over a small range: the dense bincount
+        keys = rng.integers(0, 50, 400 + keys.size)
     elif layout == "spread":  # a key range too wide for the dense bincount
         keys = keys * (1 << 40) + 7
     counts = rng.integers(-5, 1000, keys.size).astype(np.int32)

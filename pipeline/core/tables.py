@@ -76,6 +76,11 @@ def _summable(v) -> np.ndarray:
     return v.astype(np.int64 if v.dtype.kind in "iub" else np.float64, copy=False)
 
 
+# below this many sorted runs, merging them (a stable sort) beats a dense
+# bincount over the key range (measured: 2 runs of 277k seq_bins rows)
+_FEW_RUNS = 64
+
+
 def _segment_sums(values, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Sums of values[order] over the segments that begin at `starts`, in one
     compiled pass (no gathered copy); integers in int64 (exact), floats in
@@ -98,7 +103,8 @@ def group_sum(keys: np.ndarray, values: dict[str, np.ndarray]):
     keys = np.asarray(keys, dtype=np.int64)
     if keys.size == 0:
         return keys, {k: np.asarray(v)[:0] for k, v in values.items()}
-    if np.all(keys[1:] >= keys[:-1]):
+    descents = int(np.count_nonzero(keys[1:] < keys[:-1]))  # sorted runs - 1
+    if descents == 0:
         # already in key order (tables and their concatenation over disjoint
         # key ranges): equal keys are neighbours, no sort or scatter needed
         starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
@@ -107,8 +113,8 @@ def group_sum(keys: np.ndarray, values: dict[str, np.ndarray]):
         order = np.arange(keys.size)
         return keys[starts], {k: _segment_sums(v, order, starts) for k, v in values.items()}
     lo, hi = int(keys.min()), int(keys.max())
-    if hi - lo < max(1 << 20, 4 * keys.size):
-        # a small key range: dense bincount beats sorting by far
+    if descents >= _FEW_RUNS and hi - lo < max(1 << 20, 4 * keys.size):
+        # a small key range in no order: dense bincount beats sorting by far
         shifted = keys - lo
         present = np.flatnonzero(np.bincount(shifted, minlength=hi - lo + 1))
         sums = {}
@@ -117,8 +123,8 @@ def group_sum(keys: np.ndarray, values: dict[str, np.ndarray]):
             total = np.bincount(shifted, weights=v, minlength=hi - lo + 1)[present]
             sums[name] = total.astype(np.int64) if v.dtype.kind in "iub" else total
         return present + lo, sums
-    # stable: a key's rows keep their input order (a concatenation of sorted
-    # tables is a few runs, which this sort merges in linear time)
+    # stable: a key's rows keep their input order (a concatenation of a few
+    # sorted tables is a few runs, which this sort merges in about linear time)
     order = np.argsort(keys, kind="stable")
     sorted_keys = keys[order]
     starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
