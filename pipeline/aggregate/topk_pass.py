@@ -323,9 +323,10 @@ class TopkShardPass:
         kernels.partition(*self._buffer[:2], n, self._part_counts, *ordered, starts)
         part, entry = 0, 0
         while True:
+            flat = self._class.reshape(-1)
             code, part, entry = kernels.insert(
-                *ordered, starts, part, entry, self._region_bits, self._class,
-                self._class.view(np.float64), self._region_counts,
+                *ordered, starts, part, entry, self._region_bits, flat, flat.view(np.float64),
+                self._region_counts,
             )  # fmt: skip
             if code != _GROW:
                 break
