@@ -572,3 +572,59 @@ def test_group_sum_adds_every_row_of_a_key(raw_keys, layout, seed):
     assert sums["n"].dtype == np.int64 and sums["p"].dtype == np.float64
     assert sums["n"].tolist() == [want_n[k] for k in sorted(want_n)]
     assert sums["p"].tolist() == pytest.approx([want_p[k] for k in sorted(want_p)], rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 5), st.sampled_from(["sorted", "one unsorted"]), st.integers(0, 2**31))
+def test_sparse_merge_sums_every_table(parts, layout, seed):
+    """sparse_merge_arrow (the reduce's k-way merge) against a dict of sums
+    over all rows of all tables, written from the definition: keys shared by
+    several tables, tables without rows, a table out of key order (then the
+    sort path), on class_bins and seq_bins."""
+    import pyarrow as pa
+
+    from pipeline.core.tables import TABLE_FIELDS, sparse_merge_arrow, value_fields
+    from pipeline.store.schema import TABLE_SCHEMAS
+
+    rng = np.random.default_rng(seed)
+    fine_bins, vocab = 7, 9
+    for name in ("class_bins", "seq_bins"):
+        entity = TABLE_FIELDS[name][0].name
+        tables, want = [], {}
+        for p in range(parts):
+            cells = rng.choice(vocab * fine_bins, rng.integers(0, 20), replace=False)
+            cells = np.sort(cells)
+            if layout == "one unsorted" and p == 0:
+                cells = cells[::-1]
+            ids, bins = cells // fine_bins, cells % fine_bins + 1
+            columns = {entity: ids, "bin": bins}
+            for f in value_fields(name):
+                columns[f.name] = (
+                    rng.integers(0, 100, cells.size)
+                    if f.dtype == "int64"
+                    else rng.random(cells.size)
+                )
+            tables.append(pa.table(columns).cast(TABLE_SCHEMAS[name]))
+            for r in range(cells.size):
+                sums = want.setdefault((int(ids[r]), int(bins[r])), {})
+                for f in value_fields(name):
+                    sums[f.name] = sums.get(f.name, 0) + columns[f.name][r]
+        merged = sparse_merge_arrow(tables, name, fine_bins, vocab)
+        keys = sorted(want)
+        assert list(zip(merged.ids.tolist(), merged.bins.tolist(), strict=True)) == keys
+        for f in value_fields(name):
+            got = merged.values[f.name].tolist()
+            assert got == pytest.approx([want[key][f.name] for key in keys], rel=1e-12)
+
+
+def test_sparse_merge_refuses_bins_out_of_range():
+    import pyarrow as pa
+
+    from pipeline.core.tables import sparse_merge_arrow
+    from pipeline.store.schema import TABLE_SCHEMAS
+
+    good = {"class_id": [1, 2], "bin": [1, 3], "n": [1, 1], "p_sum": [0.1, 0.2], "hits": [0, 1]}
+    bad = dict(good, bin=[1, 8])
+    tables = [pa.table(t).cast(TABLE_SCHEMAS["class_bins"]) for t in (good, bad)]
+    with pytest.raises(ValueError, match="bin outside 1..7"):
+        sparse_merge_arrow(tables, "class_bins", 7, 9)

@@ -544,7 +544,7 @@ def _reduce(
     writer: PartWriter | None = None,
 ) -> dict:
     """Sum the partial tables into the tables at `out`: in memory with the
-    metric core's merge (``sparse_from_arrow``, ``BinTables``) when every
+    metric core's merge (``sparse_merge_arrow``, ``BinTables``) when every
     partial row fits `memory_limit` at _REDUCE_ROW_BYTES each, else with
     DuckDB, which spills to `temp_dir`."""
     k = runs[0].vocab_size
@@ -626,7 +626,7 @@ def _reduce_in_memory(parts, out: Path, k: int, fine_bins: int, positions, tail_
     pyarrow encodes without the GIL), tokens and top1_bins meanwhile here."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pipeline.core.tables import BinTables, sparse_from_arrow, sparse_to_arrow
+    from pipeline.core.tables import BinTables, sparse_merge_arrow, sparse_to_arrow
 
     def part_tables(part_dir):
         tables = kept.get(part_dir) if kept else None
@@ -641,7 +641,8 @@ def _reduce_in_memory(parts, out: Path, k: int, fine_bins: int, positions, tail_
         tablestore.write_table_file(table, out / f"{name}.parquet")
 
     def sparse(name):
-        write(sparse_to_arrow(sparse_from_arrow(summed(name), name, fine_bins, k), name), name)
+        merged = sparse_merge_arrow([t[name] for t in loaded], name, fine_bins, k)
+        write(sparse_to_arrow(merged, name), name)
 
     with ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(sparse, name) for name in ("class_bins", "seq_bins")]
