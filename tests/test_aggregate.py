@@ -141,34 +141,6 @@ def test_incremental_parts(tmp_path, case, monkeypatch):
     assert not np.array_equal(changed.label_count, first.label_count)
 
 
-def test_background_part_writes_finish_before_the_tables(tmp_path, case, monkeypatch):
-    """Partial tables the in-memory reduce holds are written in the background:
-    a failing write fails the aggregation before the tables are marked
-    complete, and a good run leaves every part sealed (a re-run reads nothing)."""
-    import pipeline.aggregate.executor as agg
-
-    run = tmp_path / "run"
-    write_run(run, case, store="topk", k=4, shard_rows=200)
-    original = agg._write_part
-
-    def failing(part_dir, tables, meta):
-        if part_dir.name == "00001":
-            raise OSError("disk full (simulated)")
-        return original(part_dir, tables, meta)
-
-    monkeypatch.setattr(agg, "_write_part", failing)
-    with pytest.raises(OSError, match="disk full"):
-        aggregate([run])
-    assert not (run / "tables" / "meta.json").exists()
-    assert tables_status([run]) is not None
-
-    monkeypatch.setattr(agg, "_write_part", original)
-    aggregate([run])
-    assert tables_status([run]) is None
-    for part in sorted((run / "tables" / "parts").iterdir()):
-        assert agg._read_part_meta(part) is not None, part
-
-
 def test_several_runs_into_one(tmp_path, case):
     a, b = case, dense_case(300, 40, seed=12, docs=10)
     write_run(tmp_path / "a", a, k=40)

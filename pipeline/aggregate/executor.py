@@ -115,7 +115,6 @@ def _aggregate_topk_shard(
     *,
     decode_threads: bool = True,
     kept: PartCache | None = None,
-    writer: PartWriter | None = None,
 ) -> dict:
     """Map one top-k shard to its partial tables in ONE pass over its kept entries.
 
@@ -124,8 +123,6 @@ def _aggregate_topk_shard(
     unused here (kept for the callers' signature). Memory: one batch plus the
     tables. ``decode_threads=False`` decodes on one thread (when several shards
     are mapped at once, pyarrow's pool would only oversubscribe the cores).
-    Tables that `kept` holds for the reduce are written by `writer`, in the
-    background; the others before this returns.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -192,16 +189,6 @@ def _aggregate_topk_shard(
         name: pa.table(columns, schema=TABLE_SCHEMAS[name])
         for name, columns in state.tables().items()
     }
-    meta = _part_meta(shard, fine_bins, positions=shard.rows, tail_max=state.tail_max)
-    if kept is not None and kept.offer(part_dir, tables) and writer is not None:
-        # the in-memory reduce does not read the part files: write them meanwhile
-        writer.submit(_write_part, part_dir, tables, meta)
-        return meta
-    return _write_part(part_dir, tables, meta)
-
-
-def _write_part(part_dir: Path, tables: dict[str, pa.Table], meta: dict) -> dict:
-    """Write a shard's partial tables and its sealed part.json, atomically."""
     with atomic.atomic_path(part_dir) as tmp:
         tmp.mkdir()
         for name in TABLE_NAMES:
@@ -214,8 +201,11 @@ def _write_part(part_dir: Path, tables: dict[str, pa.Table], meta: dict) -> dict
                 column_encoding=tablestore.column_encodings(tables[name].schema),
                 write_statistics=False,
             )
+        meta = _part_meta(shard, fine_bins, positions=shard.rows, tail_max=state.tail_max)
         atomic.write_json(tmp / PART_META, meta)
-    return _seal_part(part_dir, meta)
+    if kept is not None:
+        kept.offer(part_dir, tables)
+    return meta
 
 
 def _aggregate_full_shard(shard: Shard, part_dir: Path, fine_bins: int, bar=None) -> dict:
@@ -378,8 +368,7 @@ class PartCache:
         self.tables: dict[Path, dict[str, pa.Table]] = {}
         self._lock = threading.Lock()
 
-    def offer(self, part_dir: Path, tables: dict[str, pa.Table]) -> bool:
-        """Keep a shard's tables if they fit; True when kept."""
+    def offer(self, part_dir: Path, tables: dict[str, pa.Table]) -> None:
         rows = sum(t.num_rows for t in tables.values())
         with self._lock:
             self.offered += 1
@@ -389,8 +378,6 @@ class PartCache:
             elif self.rows + rows <= self.budget_rows:
                 self.tables[Path(part_dir)] = tables
                 self.rows += rows
-                return True
-            return False
 
     def get(self, part_dir: Path) -> dict[str, pa.Table] | None:
         return self.tables.get(Path(part_dir))
@@ -399,31 +386,6 @@ class PartCache:
         """Keep nothing from now on (and free what was kept)."""
         self.budget_rows = self.rows = 0
         self.tables.clear()
-
-
-class PartWriter:
-    """Writes partial tables in the background (one thread) while the map
-    goes on and the in-memory reduce runs; `wait` returns once every part
-    file is on disk and raises the first write error."""
-
-    def __init__(self):
-        from concurrent.futures import ThreadPoolExecutor
-
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="aggregate-parts")
-        self._futures = []
-
-    def submit(self, *call) -> None:
-        self._futures.append(self._pool.submit(*call))
-
-    def wait(self) -> None:
-        try:
-            for future in self._futures:
-                future.result()
-        finally:
-            self._futures.clear()
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
 
 
 def build_parts(
@@ -435,14 +397,12 @@ def build_parts(
     parts_base: Path | None = None,
     workers: int | None = None,
     kept: PartCache | None = None,
-    writer: PartWriter | None = None,
 ):
     """Map step: (re)compute the partial tables of every shard whose key changed.
 
     Returns [(run, shard, part_dir, part_meta)] and how many shards were read.
     Top-k shards are mapped `workers` at a time (default: one per core); `kept`
-    receives their partial tables for an in-memory reduce, and `writer` then
-    writes their files in the background (``writer.wait()`` before reading them).
+    receives their partial tables for an in-memory reduce.
     """
     todo, done = [], []
     if kept is not None:
@@ -466,7 +426,7 @@ def build_parts(
             if shard.store != "topk":
                 meta = _aggregate_full_shard(shard, part_dir, fine_bins, bar)
                 metas[part_dir] = _seal_part(part_dir, meta)
-        metas.update(_map_topk_shards(topk, fine_bins, bar, workers, kept, writer))
+        metas.update(_map_topk_shards(topk, fine_bins, bar, workers, kept))
     done.extend((run, shard, part_dir, metas[part_dir]) for run, shard, part_dir in todo)
     return done, len(todo)
 
@@ -481,15 +441,14 @@ def _release_map_memory(*, decoded: bool = False) -> None:
         pa.default_memory_pool().release_unused()
 
 
-def _map_topk_one(shard: Shard, part_dir: Path, fine_bins: int, decode_threads: bool, kept, writer):
-    return _aggregate_topk_shard(
-        None, shard, part_dir, fine_bins, decode_threads=decode_threads, kept=kept, writer=writer
+def _map_topk_one(shard: Shard, part_dir: Path, fine_bins: int, decode_threads: bool, kept) -> dict:
+    meta = _aggregate_topk_shard(
+        None, shard, part_dir, fine_bins, decode_threads=decode_threads, kept=kept
     )
+    return _seal_part(part_dir, meta)
 
 
-def _map_topk_shards(
-    todo, fine_bins: int, bar, workers: int | None, kept=None, writer=None
-) -> dict:
+def _map_topk_shards(todo, fine_bins: int, bar, workers: int | None, kept=None) -> dict:
     """Map top-k shards, `workers` at a time (default: one per core).
 
     The kernel is compiled ``nogil`` and pyarrow decodes without the GIL, so
@@ -503,15 +462,13 @@ def _map_topk_shards(
     if workers == 1:
         metas = {}
         for _, shard, part_dir in todo:
-            metas[part_dir] = _map_topk_one(shard, part_dir, fine_bins, True, kept, writer)
+            metas[part_dir] = _map_topk_one(shard, part_dir, fine_bins, True, kept)
             bar.update(shard.rows)
         return metas
     from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
     with ThreadPoolExecutor(workers, thread_name_prefix="aggregate-map") as pool:
-        futures = {
-            pool.submit(_map_topk_one, s, p, fine_bins, False, kept, writer): s for _, s, p in todo
-        }
+        futures = {pool.submit(_map_topk_one, s, p, fine_bins, False, kept): s for _, s, p in todo}
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
@@ -541,7 +498,6 @@ def _reduce(
     memory_limit: str,
     temp_dir: Path,
     kept: PartCache | None = None,
-    writer: PartWriter | None = None,
 ) -> dict:
     """Sum the partial tables into the tables at `out`: in memory with the
     metric core's merge (``sparse_merge_arrow``, ``BinTables``) when every
@@ -564,8 +520,6 @@ def _reduce(
     else:
         if kept is not None:
             kept.drop()  # DuckDB reads the part files; free the memory for it
-        if writer is not None:
-            writer.wait()
         _release_map_memory(decoded=True)
 
         def files(name):
@@ -595,8 +549,6 @@ def _reduce(
     )
     meta["runs"] = [_run_record(run, out) for run in runs]
     meta.update(tail_meta)
-    if writer is not None:
-        writer.wait()  # every part file on disk (or its error raised) first
     tablestore.write_meta(out, meta)  # last: marks the tables complete
     return tablestore.read_meta(out)
 
@@ -737,21 +689,13 @@ def aggregate(
     out.mkdir(parents=True, exist_ok=True)
     temp_dir = scratch_dir(out)
     parts_base = None if keep_parts else temp_dir / "parts"
-    writer = PartWriter()
     try:
         kept = PartCache(memory_rows(memory_limit))
         parts, _ = build_parts(
-            runs,
-            out,
-            fine_bins,
-            progress=progress,
-            parts_base=parts_base,
-            kept=kept,
-            writer=writer,
+            runs, out, fine_bins, progress=progress, parts_base=parts_base, kept=kept
         )
-        meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir, kept, writer)
+        meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir, kept)
     finally:
-        writer.close()  # pending part files are finished, never abandoned
         _release_map_memory()  # nothing of the map step outlives the call
         shutil.rmtree(temp_dir, ignore_errors=True)
     return out, meta
