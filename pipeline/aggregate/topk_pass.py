@@ -12,13 +12,15 @@ that, per kept entry (class c, probability p of record, float32):
   by (class, bin) (class_bins): a region fits the core's L2 cache, so the
   grouping probes cache, not memory; a class's kept mass (tokens) is read
   from its class_bins rows at the end;
-* sums the current document's (bin) values in a dense vector, appended as
+* sums the current document's (bin) values in one row per bin, appended as
   seq_bins rows when the document changes;
 * checks it on the way: class id in [0, K), p in [0, 1], and counts the rows
   whose label is among their kept ids.
 
-Per position the kernel adds one seq_bins entry at bin 1 (kept bin-1 entries
-plus the position's tail count/mass) and one top-1 entry. Everything the
+Per position the kernel checks label, top1_id, top1_prob and doc_id before
+counting the row, counts its label and top-1 class, and adds one seq_bins
+entry at bin 1 (kept bin-1 entries plus the position's tail count/mass) and
+one top-1 entry. Everything the
 shard reduces to is therefore additive state of size O(K + table rows); a
 batch is the only thing proportional to the data. Sums are float64, counts
 int64, as in the SQL they replace.
