@@ -326,39 +326,3 @@ def class_table(slots, bin1_n, bin1_hits, bin1_p, order, vocab, fine_bins):
         p_sum[r] = floats[s, 3]
         p_mass[c] += floats[s, 3]
     return ids, bins, n, p_sum, hits, p_mass
-
-
-@_njit
-def seq_columns(rows, stride):
-    """seq_bins columns from the appended seq rows when their keys strictly
-    increase (documents in increasing order, each within the shard's batches
-    contiguous): (True, seq_id, bin, n, p_sum, hits, top1_n, conf_sum,
-    correct); else (False, ...) with empty columns (the caller groups)."""
-    m = rows.shape[0]
-    ok = True
-    for r in range(1, m):
-        if rows[r, 0] <= rows[r - 1, 0]:
-            ok = False
-            break
-    if not ok:
-        m = 0
-    seq_id = np.empty(m, np.int64)
-    bins = np.empty(m, np.int32)
-    n = np.empty(m, np.int64)
-    p_sum = np.empty(m, np.float64)
-    hits = np.empty(m, np.int64)
-    top1_n = np.empty(m, np.int64)
-    conf_sum = np.empty(m, np.float64)
-    correct = np.empty(m, np.int64)
-    floats = rows.view(np.float64)
-    for r in range(m):
-        key = rows[r, 0]
-        seq_id[r] = key // stride
-        bins[r] = key - (key // stride) * stride
-        n[r] = rows[r, 1]
-        hits[r] = rows[r, 2]
-        top1_n[r] = rows[r, 3]
-        correct[r] = rows[r, 4]
-        p_sum[r] = floats[r, 5]
-        conf_sum[r] = floats[r, 6]
-    return ok, seq_id, bins, n, p_sum, hits, top1_n, conf_sum, correct

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.core.binning import bin1_threshold
-from pipeline.core.tables import SEQ_BIN_VALUES, SparseBins
+from pipeline.core.tables import SparseBins
 
 BATCH_ROWS = 65_536  # positions decoded at a time (64 kept each: 4M entries, ~32 MB)
 _INITIAL_SEQ_ROWS = 1 << 16  # grown by doubling
@@ -371,13 +371,7 @@ class TopkShardPass:
             self.vocab_size,
             self.fine_bins,
         )
-        seq_rows = self._seq_rows[: int(self._seq_n[0])]
-        ok, *seq_columns = kernels.seq_columns(seq_rows, stride)
-        if ok:
-            seq_bins = dict(zip(("seq_id", "bin", *SEQ_BIN_VALUES), seq_columns, strict=True))
-        else:
-            grouped = _seq_bins(seq_rows, stride)
-            seq_bins = {"seq_id": grouped.ids, "bin": grouped.bins, **grouped.values}
+        seq_bins = _seq_bins(self._seq_rows[: int(self._seq_n[0])], stride)
         top1_rows = np.flatnonzero(self._top1_int[:, 0])
         # classes with any kept or tail pair, label or top-1 position
         has_pairs = np.zeros(self.vocab_size, bool)
@@ -405,5 +399,5 @@ class TopkShardPass:
                 "top1_count": self.top1_count[tokens],
                 "p_mass": p_mass[tokens],
             },
-            "seq_bins": seq_bins,
+            "seq_bins": {"seq_id": seq_bins.ids, "bin": seq_bins.bins, **seq_bins.values},
         }
