@@ -160,7 +160,7 @@ def test_sum_tolerance_must_be_finite_and_in_range(tmp_path, tolerance):
     assert leftovers(out) == []
 
 
-@pytest.mark.parametrize("vocab", [7.9, True, 1 << 31])
+@pytest.mark.parametrize("vocab", [7.9, True, 1 << 31, 1 << 40])
 def test_vocab_size_must_be_an_int32_count(tmp_path, vocab):
     path, _ = vllm_dump(tmp_path)
     with pytest.raises(IngestError, match="vocabulary size K must be an integer"):
@@ -178,14 +178,18 @@ DUPLICATE_FIELDS = {
         r"bad.jsonl:1: field 'prompt_token_ids' appears twice",
     ),
     "choice": (
-        lambda recs: [json.dumps(r) for r in recs[:2]]
-        + ['{"choices": [' + _dup_record(recs[2:] + recs[:1]) + "]}"],
+        lambda recs: (
+            [json.dumps(r) for r in recs[:2]]
+            + ['{"choices": [' + _dup_record(recs[2:] + recs[:1]) + "]}"]
+        ),
         r"bad.jsonl:3: field 'prompt_token_ids' appears twice",
     ),
     "entry": (
-        lambda recs: [json.dumps(r) for r in recs[:1]]
-        + [json.dumps(recs[1]).replace('"logprob": ', '"logprob": -0.5, "logprob": ', 1)]
-        + [json.dumps(r) for r in recs[2:]],
+        lambda recs: (
+            [json.dumps(r) for r in recs[:1]]
+            + [json.dumps(recs[1]).replace('"logprob": ', '"logprob": -0.5, "logprob": ', 1)]
+            + [json.dumps(r) for r in recs[2:]]
+        ),
         r"bad.jsonl:2: position 1.*field 'logprob' appears twice",
     ),
 }
@@ -237,7 +241,7 @@ def test_empty_mount_point_out_is_refused_before_reading(tmp_path):
     )
     script = (
         f"mount -t tmpfs none {mount} || exit 77; "
-        f"{sys.executable} -c \"{code}\" import vllm {path} --out {mount} "
+        f'{sys.executable} -c "{code}" import vllm {path} --out {mount} '
         f"--vocab-size {K} --quiet"
     )
     res = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True)

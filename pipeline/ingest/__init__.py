@@ -74,8 +74,7 @@ def check_vocab_size(vocab_size) -> int:
         or not 1 <= vocab_size <= MAX_VOCAB_SIZE
     ):
         raise IngestError(
-            f"the vocabulary size K must be an integer in [1, {MAX_VOCAB_SIZE}], "
-            f"got {vocab_size!r}"
+            f"the vocabulary size K must be an integer in [1, {MAX_VOCAB_SIZE}], got {vocab_size!r}"
         )
     return int(vocab_size)
 

@@ -98,7 +98,7 @@ def iter_records(path: Path):
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            yield f"{path}:{line_no}", _loads(line, path, line_no)
+            yield f"{path}:{line_no}", _loads(line.rstrip(b"\r\n"), path, line_no)
 
 
 def record_documents(where: str, rec):
@@ -245,9 +245,7 @@ class _Collector:
                     ranks = None
             else:
                 lps = [
-                    _fields(f"{where}: position {t}", v).get("logprob")
-                    if type(v) is _Object
-                    else v
+                    _fields(f"{where}: position {t}", v).get("logprob") if type(v) is _Object else v
                     for v in values
                 ]
                 ranks = None
