@@ -451,3 +451,43 @@ def test_report_rewrites_its_own_files_but_not_edited_ones(tmp_path, report_run)
     res = cli("report", report_run, "--out", out, "--quiet")
     assert_one_line_error(res, "reliability_top1.png")
     assert (out / "reliability_top1.png").read_bytes() == b"edited by hand"
+
+
+def test_damaged_parquet_page_names_the_file(tmp_path):
+    path = tmp_path / "bad.parquet"
+    pq.write_table(topk_table(_topk_rows(_good_docs()) * 50), path)
+    data = bytearray(path.read_bytes())
+    data[200:600] = bytes(b ^ 0xFF for b in data[200:600])  # inside the first data page
+    path.write_bytes(bytes(data))
+    with pytest.raises(IngestError, match=r"bad.parquet: row 0 onward: unreadable Parquet data"):
+        import_topk([path], tmp_path / "run", vocab_size=K)
+    assert_one_line_error(import_cli("topk", path, tmp_path / "run"), "bad.parquet")
+    assert leftovers(tmp_path / "run") == []
+
+
+@pytest.mark.parametrize(
+    "config, needle",
+    [
+        (b'{"vocab_size": 50, "name": "caf\xe9"}', "not UTF-8"),
+        (b'{"vocab_size": 50, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+    ],
+    ids=["latin1", "deep"],
+)
+def test_bad_model_config_names_the_file(tmp_path, config, needle):
+    path, _ = vllm_dump(tmp_path)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(config)
+    res = cli("import", "vllm", path, "--out", tmp_path / "run", "--model", tmp_path / "model")
+    assert_one_line_error(res, "config.json", needle)
+    assert leftovers(tmp_path / "run") == []
+
+
+def test_import_records_its_document_counts(tmp_path):
+    """The manifest says how many documents were read and skipped (< 2 tokens)."""
+    path, recs = vllm_dump(tmp_path, "d.jsonl")
+    short = {"prompt_token_ids": [3], "prompt_logprobs": [None]}
+    write_lines(path, [json.dumps(r) for r in recs] + [json.dumps(short)])
+    _, manifest, _ = import_vllm([path], tmp_path / "run", vocab_size=K)
+    assert manifest["skipped_documents"] == 1
+    assert manifest["source"]["documents"] == 4 and manifest["source"]["skipped_documents"] == 1
+    assert manifest["positions"] == sum(len(r["prompt_token_ids"]) - 1 for r in recs)

@@ -49,9 +49,15 @@ def vocab_size_from_model(model_dir) -> tuple[int, dict]:
     if not path.is_file():
         raise IngestError(f"{path}: no config.json (give --vocab-size K instead)")
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(path.read_bytes().decode("utf-8"))
     except json.JSONDecodeError as err:
-        raise IngestError(f"{path}: not valid JSON ({err})") from err
+        raise IngestError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from err
+    except UnicodeDecodeError as err:
+        raise IngestError(f"{path}: not UTF-8 (byte {err.start})") from None
+    except RecursionError:
+        raise IngestError(f"{path}: JSON nested too deeply to read") from None
+    if not isinstance(config, dict):
+        raise IngestError(f"{path}: expected a JSON object")
     k = config.get("vocab_size")
     if k is None and isinstance(config.get("text_config"), dict):
         k = config["text_config"].get("vocab_size")

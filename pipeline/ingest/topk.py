@@ -106,6 +106,23 @@ def _check_range(values: np.ndarray, name: str, lo: int, hi: int, why: str, wher
         raise IngestError(f"{where(i)}: {name} {int(values[i])} outside [{lo}, {hi}] ({why})")
 
 
+def _batches(pf: pq.ParquetFile, path: Path, batch_rows: int, columns: list[str]):
+    """pf's record batches; a damaged page becomes an error naming the file and row."""
+    rows = 0
+    batches = pf.iter_batches(batch_size=batch_rows, columns=columns)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (OSError, pa.ArrowException) as err:
+            raise IngestError(
+                f"{path}: row {rows} onward: unreadable Parquet data ({err})"
+            ) from None
+        rows += batch.num_rows
+        yield batch
+
+
 def read_topk(paths, stats: dict, batch_positions: int = BATCH_ROWS):
     """Yield EntryBatch objects over every row of every file, in order."""
     seen_docs: set[int] = set()
@@ -127,7 +144,7 @@ def read_topk(paths, stats: dict, batch_positions: int = BATCH_ROWS):
             raise IngestError(f"{path}: empty file (no rows)")
         columns = list(REQUIRED) + [c for c in OPTIONAL if c in names]
         base = 0
-        for batch in pf.iter_batches(batch_size=batch_positions, columns=columns):
+        for batch in _batches(pf, path, batch_positions, columns):
             n = batch.num_rows
 
             def where(i, base=base, path=path):
