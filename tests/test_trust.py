@@ -468,7 +468,7 @@ def test_moved_run_keeps_its_tables(run, truth, tmp_path):
 
 
 def test_unwritable_run_uses_temp_space_outside(tmp_path, case, truth, monkeypatch):
-    """Tables rebuilt for a run that cannot be written go to the system temp dir."""
+    """Tables rebuilt for a run that cannot be written go to the user's cache."""
     import pipeline.aggregate.executor as executor
 
     d = tmp_path / "ro"
@@ -483,14 +483,10 @@ def test_unwritable_run_uses_temp_space_outside(tmp_path, case, truth, monkeypat
             False if (root == Path(p).resolve() or root in Path(p).resolve().parents) else real(p)
         ),
     )
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert_truth(metrics_json(d), truth)
     assert snapshot(d) == before  # nothing written into the run
-    assert any((tmp_path / "tmp" / "fullece-tables").iterdir())
+    assert any((tmp_path / "cache" / "fullece" / "tables").iterdir())  # the user's own cache
 
 
 def test_read_only_run_chmod(tmp_path, case, truth):
