@@ -1108,6 +1108,18 @@ def _shard_problem(runs: list[Run], tables_dir: Path) -> str | None:
     return None
 
 
+def tables_disagree(run_dirs, tables_dir) -> str | None:
+    """Why the tables at `tables_dir` disagree with the runs' shards (the
+    digest of their positions columns, the manifests' tail_max and m_exact),
+    or None (``fullece validate``)."""
+    try:
+        return _shard_problem(open_runs(run_dirs), Path(tables_dir))
+    except SchemaVersionError:
+        raise
+    except ValueError as err:
+        return str(err)
+
+
 def _current_tables(runs: list[Run], tables_dir: Path, fine_bins: int | None) -> str | None:
     """None when the tables at `tables_dir` are those of `runs`' shards as they
     are now (checksums, manifests, invariants and the shards' digest), else why not."""

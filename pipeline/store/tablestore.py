@@ -425,9 +425,10 @@ def verify_tables(directory) -> dict:
     return _verified(Path(directory))[0]
 
 
-def _read_verified_file(path: Path, sha256: str | None) -> pa.Table:
-    """The Parquet table parsed from exactly the bytes whose sha256 was checked:
-    a file replaced between the check and the read cannot slip in."""
+def _read_verified_file(path: Path, sha256: str | None, name: str | None = None) -> pa.Table:
+    """The Parquet table parsed from exactly the bytes whose sha256 was checked
+    (a file replaced between the check and the read cannot slip in); with
+    `name`, its schema is checked first (a wrong layout is named as such)."""
     import hashlib
 
     try:
@@ -436,15 +437,18 @@ def _read_verified_file(path: Path, sha256: str | None) -> pa.Table:
         raise TablesError(f"{path}: missing bin table (re-run `fullece aggregate`)") from None
     except OSError as err:
         raise TablesError(f"{path}: unreadable ({err})") from None
+    try:
+        table = pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
+    except (OSError, pa.ArrowException) as err:
+        raise TablesError(f"{path}: damaged Parquet file ({err})") from err
+    if name is not None:
+        check_table_schema(table.schema, name, str(path))
     if hashlib.sha256(data).hexdigest() != sha256:
         raise TablesError(
             f"{path}: checksum differs from {META_NAME} (the table was altered after "
             "`fullece aggregate` wrote it, or another aggregate replaced it meanwhile)"
         )
-    try:
-        return pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
-    except (OSError, pa.ArrowException) as err:
-        raise TablesError(f"{path}: damaged Parquet file ({err})") from err
+    return table
 
 
 def _verified(directory: Path):
@@ -463,8 +467,7 @@ def _verified(directory: Path):
     arrow = {}
     for name in TABLE_NAMES:
         path = directory / f"{name}.parquet"
-        arrow[name] = _read_verified_file(path, recorded.get(name))
-        check_table_schema(arrow[name].schema, name, str(path))
+        arrow[name] = _read_verified_file(path, recorded.get(name), name)
     check_invariants(arrow, meta, directory)
     if key is not None and key == _stat_key(directory) and all(_settled(k[2]) for k in key[1:]):
         _LAST_VERIFIED[:] = [key, meta, arrow]
