@@ -477,8 +477,10 @@ MANIFEST_EDITS = {
     "settings_k": lambda m: m["settings"].update(k=m["settings"]["k"] + 2),
     "settings_tau": lambda m: m["settings"].update(tau=0.5),
 }
-# edits after which a command may run (the figures are then checked)
-MAY_RUN = {"settings_k", "settings_tau"}
+# edits after which a command may run: the figures are then those of the
+# shards the edited manifest lists (settings k and tau are not determined by
+# the data; a run that lists fewer shards is a smaller run)
+MAY_RUN = {"settings_k", "settings_tau", "shard_dropped"}
 COMMANDS = ("metrics", "compare", "report", "sql")
 
 
@@ -493,15 +495,35 @@ def _command(name, run, tmp_path):
         "sql",
         run,
         "SELECT m.vocab_size, m.positions, m.m_exact, t.vocab_size AS k, t.positions AS n, "
-        "t.m_exact AS me, (SELECT sum(n) FROM top1_bins) AS top1 FROM manifest m, meta t",
+        "t.m_exact AS me, (SELECT CAST(sum(n) AS BIGINT) FROM top1_bins) AS top1 FROM manifest m, meta t",
         "--json",
         tmp_path / "sql.json",
         "--force",
     )
 
 
-@pytest.mark.parametrize("command", COMMANDS)
-@pytest.mark.parametrize("field", sorted(MANIFEST_EDITS))
+def _first(case, n: int):
+    """The first n positions of a dense case (what a run of fewer shards holds)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(n=n, probs=case.probs[:n], labels=case.labels[:n])
+
+
+SQL_HAS_NO_PARTIAL = pytest.mark.xfail(
+    strict=True,
+    reason="`sql` has no --partial yet (issue 24 item 8, the sql command's part): it "
+    "measures an incomplete run",
+)
+
+
+@pytest.mark.parametrize(
+    ("field", "command"),
+    [
+        pytest.param(f, c, marks=SQL_HAS_NO_PARTIAL) if (f, c) == ("complete", "sql") else (f, c)
+        for f in sorted(MANIFEST_EDITS)
+        for c in COMMANDS
+    ],
+)
 def test_manifest_edit_after_aggregate(run, tmp_path, truth, case, field, command):
     path = run / "manifest.json"
     manifest = json.loads(path.read_text())
@@ -511,10 +533,15 @@ def test_manifest_edit_after_aggregate(run, tmp_path, truth, case, field, comman
     if field not in MAY_RUN:
         assert res.exit_code != 0, f"{field} edited, {command} printed:\n{res.output}"
         assert "Traceback" not in res.output
-        assert len(res.output.strip().splitlines()) == 1, res.output
+        # one error line (after the rebuild notice and progress bar, if any)
+        errors = [x for x in res.output.splitlines() if "rror:" in x]
+        assert len(errors) == 1 and res.output.rstrip().endswith(errors[0]), res.output
         assert find_problems(run) != []  # validate agrees: invalid
         return
     assert res.exit_code == 0, res.output
+    if field == "shard_dropped":
+        case = _first(case, sum(s["rows"] for s in manifest["shards"]))
+        truth = dense_reference(case.probs, case.labels, M)
     if command == "metrics":
         assert_exact_truth(json.loads(res.stdout), truth, case)
     elif command == "compare":

@@ -1040,7 +1040,7 @@ def _input_digest(runs: list[Run], fine_bins: int) -> tuple[tablestore.InputDige
         for i, shard in enumerate(run.shards):
             check_shard(shard)
             path = shard.path("positions")
-            shard_tail = 0.0
+            shard_tail, before = 0.0, digest.positions
             try:
                 reader = pq.ParquetFile(str(path), page_checksum_verification=True)
                 for batch in reader.iter_batches(columns=list(tablestore.DIGEST_COLUMNS)):
@@ -1049,6 +1049,11 @@ def _input_digest(runs: list[Run], fine_bins: int) -> tuple[tablestore.InputDige
                     shard_tail = max(shard_tail, digest.add(cols, full_store=full))
             except (OSError, pa.ArrowException, tablestore.TablesError) as err:
                 raise AggregateError(f"{path}: {err}") from None
+            if digest.positions - before != shard.rows:
+                raise AggregateError(
+                    f"{where}: field 'shards[{i}].rows' = {shard.rows!r}, but {path.name} "
+                    f"holds {digest.positions - before} positions"
+                )
             recorded = shard.entry.get("tail_max")
             if recorded is not None and _f32(recorded) != shard_tail:
                 raise AggregateError(
@@ -1056,6 +1061,12 @@ def _input_digest(runs: list[Run], fine_bins: int) -> tuple[tablestore.InputDige
                     f"{path.name} holds tail_max up to {shard_tail!r}"
                 )
             run_tail = max(run_tail, shard_tail)
+        positions = sum(s.rows for s in run.shards)
+        if run.manifest.get("positions") != positions:
+            raise AggregateError(
+                f"{where}: field 'positions' = {run.manifest.get('positions')!r}, but the "
+                f"shards hold {positions} positions"
+            )
         recorded = (_f32(run.manifest.get("tail_max", 0.0)), run.manifest.get("m_exact"))
         if run.store == "full" and recorded == (0.0, None):
             continue  # a full store may record no tail at all: every M is exact from logits
