@@ -546,9 +546,7 @@ class InputDigest:
         self.top1_n += np.bincount(top1_bin, minlength=f + 1)[: f + 1]
         self.top1_conf += np.bincount(top1_bin, weights=conf, minlength=f + 1)[: f + 1]
         self.top1_correct += np.bincount(top1_bin[top1 == label], minlength=f + 1)[: f + 1]
-        self.hits += np.bincount(fine_bin_index(columns["label_prob"], f), minlength=f + 1)[
-            : f + 1
-        ]
+        self.hits += np.bincount(fine_bin_index(columns["label_prob"], f), minlength=f + 1)[: f + 1]
         self.label_count += np.bincount(label, minlength=k)
         self.top1_count += np.bincount(top1, minlength=k)
         self._docs.append(np.unique(np.asarray(columns["doc_id"], np.int64), return_counts=True))
@@ -601,6 +599,8 @@ class InputDigest:
             )
         else:
             for col in ("hits", "top1_n"):
-                got = np.bincount(inverse, weights=sb.column(col).to_numpy(), minlength=len(doc_ids))
+                got = np.bincount(
+                    inverse, weights=sb.column(col).to_numpy(), minlength=len(doc_ids)
+                )
                 expect(f"seq_bins.{col} per document", got.astype(np.int64), doc_counts)
         return found

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.store.schema import SCHEMA_VERSION
 
