@@ -26,7 +26,14 @@ import pytest
 
 from pipeline.store.validate import find_problems
 from tests.helpers.analysis_runs import dense_case, dense_reference, kept_mask, write_run
-from tests.test_trust import assert_clear_error, cli, metrics_json, run_files, snapshot
+from tests.test_trust import (
+    assert_clear_error,
+    cli,
+    make_unwritable,
+    metrics_json,
+    run_files,
+    snapshot,
+)
 
 M = 10
 K = 30
@@ -254,21 +261,6 @@ def test_tail_bounds_outside_the_tables_dir_is_refused(imported, tmp_path):
 # ------------------------------------------------ item 4: the cache
 
 
-def _readonly(monkeypatch, d: Path):
-    """Make `d` unwritable for fullece (as root, chmod does not)."""
-    import pipeline.aggregate.executor as executor
-
-    real = executor._writable
-    root = d.resolve()
-    monkeypatch.setattr(
-        executor,
-        "_writable",
-        lambda p: (
-            False if (root == Path(p).resolve() or root in Path(p).resolve().parents) else real(p)
-        ),
-    )
-
-
 def _shared_cache_path(tmp: Path, d: Path) -> Path:
     """Where main put the tables of a read-only run: predictable by anyone."""
     tag = hashlib.sha256(str(d.resolve()).encode()).hexdigest()[:16]
@@ -287,7 +279,7 @@ def readonly_run(tmp_path, case, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     monkeypatch.setattr(tempfile, "tempdir", None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    _readonly(monkeypatch, d)
+    make_unwritable(monkeypatch, d)
     return d
 
 
