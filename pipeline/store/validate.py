@@ -147,7 +147,7 @@ def find_problems(run_dir, *, first_only: bool = True, tables: bool = True) -> l
 
 def table_problems(run_dir) -> list[str]:
     """Problems of RUN_DIR/tables (none when there are no tables yet)."""
-    from pipeline.aggregate.executor import TABLES_DIR, tables_status
+    from pipeline.aggregate.executor import TABLES_DIR, tables_disagree, tables_status
     from pipeline.store import tablestore
 
     tables_dir = Path(run_dir) / TABLES_DIR
@@ -158,6 +158,8 @@ def table_problems(run_dir) -> list[str]:
     except ValueError as err:
         return [f"{err} (tables/ can be rebuilt with `fullece aggregate`)"]
     reason = tables_status([run_dir], tables_dir, verify=False)
+    if reason is None:
+        reason = tables_disagree([run_dir], tables_dir)
     if reason is not None:
         return [
             f"{tables_dir}: not the tables of this run's shards ({reason}); "
