@@ -5,6 +5,8 @@ queried together with ``GROUP BY run``):
 
     class_bins, top1_bins, tokens, seq_bins   the bin tables (docs/design.md)
     positions                                 the positions shards (one row per position)
+    tail_bounds                               per class of an imported run: the tail's
+                                              allocated mass and capacity (docs/import.md)
     manifest                                  one row per run: label, store, vocab_size,
                                               positions, m_exact, tail_max, model, corpus ...
     meta                                      one row per run: the tables' fine_bins,
@@ -28,7 +30,7 @@ import stat
 from pathlib import Path
 
 TABLE_VIEWS = ("class_bins", "top1_bins", "tokens", "seq_bins")
-RUN_VIEWS = (*TABLE_VIEWS, "positions", "manifest", "meta")
+RUN_VIEWS = (*TABLE_VIEWS, "positions", "tail_bounds", "manifest", "meta")
 
 SANDBOX_SETTINGS = (
     # Applied on a fresh connection, before anything of a run is read. DuckDB
@@ -168,13 +170,38 @@ def _dataset(paths):
 
 
 def _labelled(con, label: str, data):
-    """A relation: the column ``run`` (= `label`) beside every column of `data`.
-    The label travels as an Arrow value, never as SQL text."""
+    """A relation: the column ``run`` (= `label`) beside every column of `data`
+    (an Arrow table or dataset, or a relation). The label travels as an Arrow
+    value, never as SQL text."""
     import pyarrow as pa
 
-    return con.from_arrow(pa.table({"run": pa.array([label], pa.string())})).cross(
-        con.from_arrow(data)
-    )
+    if not isinstance(data, duckdb_relation()):
+        data = con.from_arrow(data)
+    return con.from_arrow(pa.table({"run": pa.array([label], pa.string())})).cross(data)
+
+
+def duckdb_relation():
+    import duckdb
+
+    return duckdb.DuckDBPyRelation
+
+
+# Per class, the tail of an imported run's class_tail shards summed (as
+# `fullece aggregate` does for TABLES/tail_bounds.parquet), recomputed here
+# from the shards the manifest verifies.
+_TAIL_BOUNDS_AGGREGATE = (
+    "class_id, sum(tail_count)::BIGINT AS tail_count, sum(tail_mass) AS tail_mass, "
+    "sum(tail_cap) AS tail_cap"
+)
+
+
+def _empty_tail_bounds():
+    import pyarrow as pa
+
+    from pipeline.store.tailbounds import TAIL_BOUNDS
+
+    schema = pa.schema([pa.field("run", pa.string()), *TAIL_BOUNDS]).remove_metadata()
+    return schema.empty_table()
 
 
 def _create_view(con, name: str, relations) -> None:
@@ -208,28 +235,45 @@ def connect(run_dirs, *, quiet: bool = True, partial: bool = False):
     from pipeline.aggregate import ensure_tables, open_run
     from pipeline.store.run import check_shard, require_complete
     from pipeline.store.schema import POSITIONS
+    from pipeline.store.tailbounds import class_tail_known
 
     con = sandboxed_connection()
     try:
-        mrows, trows, per_table, pos_parts = [], [], {n: [] for n in TABLE_VIEWS}, []
+        mrows, trows, per_table = [], [], {n: [] for n in TABLE_VIEWS}
+        pos_parts, tail_parts, labels = [], [], {}
         for run_dir in run_dirs:
             run_dir = Path(run_dir)
             require_complete(run_dir, partial)
             run = open_run(run_dir)
             tables_dir = ensure_tables(run_dir, quiet=quiet)
             mrow, trow = _run_rows(run_dir, tables_dir)
+            label = trow["run"]
+            if label in labels:
+                raise SqlError(
+                    f"{labels[label]} and {run_dir} have the same label {label!r}: the run "
+                    "column would merge them (give one run another label in its manifest.json, "
+                    "or query them one at a time)"
+                )
+            labels[label] = run_dir
             mrows.append(mrow)
             trows.append(trow)
-            label = trow["run"]
             for name in TABLE_VIEWS:
                 per_table[name].append((label, _dataset([tables_dir / f"{name}.parquet"])))
             for shard in run.shards:
                 check_shard(shard)
                 pos_parts.append((label, _dataset([shard.path("positions")])))
+            tails = [s.path("class_tail") for s in run.shards if s.entry.get("class_tail")]
+            if tails and not class_tail_known(run.manifest):
+                tail = con.from_arrow(_dataset(tails))
+                tail_parts.append((label, tail.aggregate(_TAIL_BOUNDS_AGGREGATE, "class_id")))
         if not pos_parts:  # a partial run may hold no shard yet
             pos_parts.append((trows[0]["run"], POSITIONS.empty_table()))
         for name, parts in (*per_table.items(), ("positions", pos_parts)):
             _create_view(con, name, [_labelled(con, label, data) for label, data in parts])
+        if tail_parts:
+            _create_view(con, "tail_bounds", [_labelled(con, lab, rel) for lab, rel in tail_parts])
+        else:  # no imported run: the view exists, empty
+            con.from_arrow(_empty_tail_bounds()).create_view("tail_bounds", replace=False)
         con.from_arrow(_table(mrows, _MANIFEST_COLUMNS)).create_view("manifest", replace=False)
         con.from_arrow(_table(trows, _META_COLUMNS)).create_view("meta", replace=False)
     except BaseException:
