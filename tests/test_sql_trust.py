@@ -326,5 +326,14 @@ def test_show_tables_lists_the_run_views_only(run, built):
     for runs in ([run], [run, built]):
         _, rows = run_query(runs, "SHOW TABLES")
         assert sorted(r[0] for r in rows) == sorted(
-            ["class_bins", "top1_bins", "tokens", "seq_bins", "positions", "manifest", "meta"]
+            [
+                "class_bins",
+                "top1_bins",
+                "tokens",
+                "seq_bins",
+                "positions",
+                "tail_bounds",
+                "manifest",
+                "meta",
+            ]
         )

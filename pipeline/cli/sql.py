@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -30,59 +31,267 @@ def _split_args(args):
     return [Path(a) for a in args], None
 
 
+class Cancelled(Exception):
+    """Ctrl-C stopped the running statement."""
+
+
+def interruptible(con, work):
+    """`work()` in a worker thread while this (the main) thread waits, so that
+    Ctrl-C reaches Python at once: it interrupts DuckDB (`con.interrupt()`) and
+    raises Cancelled once the worker has stopped. The connection stays usable."""
+    import threading
+
+    result = {}
+
+    def target():
+        try:
+            result["value"] = work()
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread
+            result["error"] = err
+
+    worker = threading.Thread(target=target, name="fullece-sql-query", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+    except KeyboardInterrupt:
+        con.interrupt()
+        while worker.is_alive():
+            try:
+                worker.join(0.05)
+            except KeyboardInterrupt:  # a second Ctrl-C while DuckDB winds down
+                con.interrupt()
+        raise Cancelled from None
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
 def run_statement(con, statement: str) -> str | None:
     """The printed result of one statement (None when it returns no rows)."""
-    head = fetch_head(con, statement)
+    head = interruptible(con, lambda: fetch_head(con, statement))
     if head is None:
         return None
     names, rows, total = head
+    if names == ["Count"] and _statement_type(statement) in _QUIET_TYPES:
+        return None  # the changed-row count of CREATE ... AS, INSERT: not shown (as duckdb)
     return format_table(names, rows, total=total)
 
 
-def run_script(con, query: str) -> None:
+_QUIET_TYPES = ("CREATE", "INSERT", "UPDATE", "DELETE")
+
+
+def _statement_type(statement: str) -> str:
+    import duckdb
+
+    return duckdb.extract_statements(statement)[0].type.name
+
+
+def run_script(con, query: str, where: str = "") -> None:
     """Run every statement of `query` in order and print each result; the
-    first failure stops the script with a one-line error."""
+    first failure stops the script with a one-line error (`where`: which
+    lines of a script `query` is, for that message)."""
     try:
         found = statements(query)
     except SqlError as err:
-        raise click.ClickException(f"query failed: {err}") from err
+        raise click.ClickException(f"query failed{where}: {err}") from err
     if not found:
         raise click.ClickException(EMPTY_QUERY)
-    printed = 0
     for number, statement in enumerate(found, 1):
         try:
             text = run_statement(con, statement)
+        except Cancelled:
+            raise
         except Exception as err:  # noqa: BLE001 - any DuckDB error, on one line
-            where = f" (statement {number} of {len(found)})" if len(found) > 1 else ""
-            raise click.ClickException(f"query failed{where}: {one_line(err)}") from err
+            which = f"statement {number} of {len(found)}" if len(found) > 1 else ""
+            at = ", ".join(x for x in (where.strip(" ()"), which) if x)
+            at = f" ({at})" if at else ""
+            raise click.ClickException(f"query failed{at}: {one_line(err)}") from err
         if text is not None:
-            click.echo(("\n" if printed else "") + text)
-            printed += 1
+            click.echo(text + ("\n" if number < len(found) else ""))
 
 
-def repl(con) -> None:  # pragma: no cover - interactive
+# ------------------------------------------------------------ the shell
+
+HISTORY_FILE = "~/.fullece_sql_history"
+HELP = """\
+.help              this list
+.tables            the views (and your temporary tables)
+.schema [TABLE]    the columns of every view, or of TABLE
+.quit, .exit       leave (or Ctrl-D)
+A statement ends with ';' and may span lines; Ctrl-C cancels the running query
+(or the statement being typed). History: ~/.fullece_sql_history."""
+
+
+def _table_names(con) -> list[str]:
+    return sorted(r[0] for r in con.execute("SHOW TABLES").fetchall())
+
+
+def dot_command(con, line: str) -> bool:
+    """Run one dot command; False for .quit/.exit."""
+    words = line.split()
+    command, args = words[0], words[1:]
+    if command in (".quit", ".exit"):
+        return False
+    if command == ".help":
+        click.echo(HELP)
+    elif command == ".tables":
+        click.echo("  ".join(_table_names(con)))
+    elif command == ".schema":
+        names = _table_names(con)
+        wanted = args or names
+        unknown = [a for a in wanted if a not in names]
+        if unknown:
+            raise click.ClickException(
+                f"no table or view named {unknown[0]!r} (.tables lists them)"
+            )
+        for name in wanted:
+            cols = con.execute(f'DESCRIBE "{name}"').fetchall()
+            body = ", ".join(f"{c[0]} {c[1]}" for c in cols)
+            click.echo(f"CREATE VIEW {name}({body});")
+    else:
+        raise click.ClickException(f"unknown command {command} (.help lists the commands)")
+    return True
+
+
+def statement_complete(text: str) -> bool:
+    """True when `text` ends a statement: its last character outside quotes
+    and comments is ';' (or there is nothing but blanks and comments), as the
+    DuckDB shell decides when to run what was typed."""
+    i, n, last = 0, len(text), ";"
+    while i < n:
+        c = text[i]
+        if c in "'\"":
+            end = i + 1
+            while True:
+                end = text.find(c, end)
+                if end < 0:
+                    return False  # an open quote: the statement goes on
+                if text[end + 1 : end + 2] == c:  # '' inside '...'
+                    end += 2
+                    continue
+                break
+            i, last = end + 1, c
+        elif text.startswith("--", i):
+            newline = text.find("\n", i)
+            i = n if newline < 0 else newline + 1
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            if end < 0:
+                return False
+            i = end + 2
+        else:
+            if not c.isspace():
+                last = c
+            i += 1
+    return last == ";"
+
+
+def shell_step(con, buffer: list[str], line: str, *, interactive: bool, where: str = "") -> bool:
+    """Take one line: a dot command between statements, or part of a
+    statement, run (and printed) once a line ends it. In a script the first
+    error stops everything (ClickException); interactively it is printed and
+    the shell goes on. False after .quit/.exit."""
+    if line.lstrip().startswith(".") and statement_complete("\n".join(buffer)):
+        run_pending(con, buffer, interactive=interactive, where=where)
+        return _attempt(lambda: dot_command(con, line.strip()), interactive)
+    buffer.append(line)
+    if statement_complete("\n".join(buffer)):
+        run_pending(con, buffer, interactive=interactive, where=where)
+    return True
+
+
+def run_pending(con, buffer: list[str], *, interactive: bool, where: str = "") -> None:
+    query = "\n".join(buffer)
+    buffer.clear()
+    if statements_or_none(query):
+        _attempt(lambda: run_script(con, query, where) or True, interactive)
+
+
+def _attempt(action, interactive: bool) -> bool:
+    try:
+        return action()
+    except click.ClickException as err:
+        if not interactive:
+            raise
+        click.echo(f"Error: {err.message}", err=True)
+    except Cancelled:
+        if not interactive:
+            raise click.ClickException("cancelled (Ctrl-C)") from None
+        click.echo("cancelled", err=True)
+    return True
+
+
+def run_lines(con, lines) -> None:
+    """A script (standard input): every statement and dot command in order."""
+    buffer: list[str] = []
+    first = 1
+    for number, line in enumerate(lines, 1):
+        if not buffer:
+            first = number
+        where = f" (standard input, line {first})"
+        if not shell_step(con, buffer, line, interactive=False, where=where):
+            return
+    where = f" (standard input, line {first})"
+    run_pending(con, buffer, interactive=False, where=where)  # a last one without ';'
+
+
+def statements_or_none(query: str) -> bool:
+    """Whether `query` holds any statement (a parse error counts: it is shown)."""
+    try:
+        return bool(statements(query))
+    except SqlError:
+        return True
+
+
+@contextmanager
+def _history():
+    """readline line editing, with the history kept in HISTORY_FILE."""
+    try:
+        import readline
+    except ImportError:  # pragma: no cover - a Python built without readline
+        yield
+        return
+    history = Path(HISTORY_FILE).expanduser()
+    readline.set_history_length(10_000)
+    try:
+        readline.read_history_file(history)
+    except OSError:
+        pass  # none yet, or unreadable: start afresh
+    try:
+        yield
+    finally:
+        try:
+            readline.write_history_file(history)
+        except OSError:
+            pass  # a read-only home: no history kept
+
+
+def repl(con) -> None:
     click.echo(
-        "fullece sql: views class_bins, top1_bins, tokens, seq_bins, positions, manifest, "
-        "meta. End statements with ';', quit with .quit or Ctrl-D.",
+        "fullece sql: views class_bins, top1_bins, tokens, seq_bins, positions, tail_bounds, "
+        "manifest, meta. End statements with ';'; .help lists the commands; .quit or Ctrl-D "
+        "leaves; Ctrl-C cancels a query.",
         err=True,
     )
-    buf = []
-    while True:
-        try:
-            line = input("fullece> " if not buf else "    ...> ")
-        except EOFError:
-            click.echo("", err=True)
-            return
-        if not buf and line.strip() in (".quit", ".exit", "\\q"):
-            return
-        buf.append(line)
-        if line.rstrip().endswith(";"):
-            query = "\n".join(buf)
-            buf = []
+    buffer: list[str] = []
+    with _history():
+        while True:
             try:
-                run_script(con, query)
-            except click.ClickException as err:
-                click.echo(f"error: {err.message}", err=True)
+                line = input("    ...> " if buffer else "fullece> ")
+            except EOFError:
+                click.echo("", err=True)
+                return
+            except KeyboardInterrupt:  # Ctrl-C while typing: drop the statement
+                click.echo("^C", err=True)
+                buffer.clear()
+                continue
+            try:
+                if not shell_step(con, buffer, line, interactive=True):
+                    return
+            except KeyboardInterrupt:  # Ctrl-C just before or after a query ran
+                buffer.clear()
+                click.echo("cancelled", err=True)
 
 
 @click.command("sql", context_settings={"ignore_unknown_options": False})
@@ -134,11 +343,16 @@ def sql(args, csv_path, json_path, parquet_path, force, partial):
         raise click.ClickException(str(err)) from err
     try:
         if query is None:
-            if not sys.stdin.isatty():
-                query = sys.stdin.read()
-            else:  # pragma: no cover
+            if sys.stdin.isatty():
                 repl(con)
                 return
+            query = sys.stdin.read()
+            if not statements_or_none(query) and not any(
+                line.lstrip().startswith(".") for line in query.splitlines()
+            ):
+                raise click.ClickException(EMPTY_QUERY)
+            run_lines(con, query.splitlines())
+            return
         if not outputs:
             run_script(con, query)
             return
