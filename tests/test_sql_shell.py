@@ -175,7 +175,11 @@ class Terminal:
         out, self.pending = self.pending[:end], self.pending[end:]
         return out.decode(errors="replace").replace("\r\n", "\n")
 
-    def close(self) -> None:
+    def __enter__(self):
+        self.expect(PROMPT)
+        return self
+
+    def __exit__(self, *exc) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -187,9 +191,7 @@ PROMPT = "fullece> "
 
 def test_interactive_shell(run, tmp_path):
     pytest.importorskip("readline")
-    term = Terminal(run, tmp_path)
-    try:
-        term.expect(PROMPT)
+    with Terminal(run, tmp_path) as term:
         term.type(b"SELECT 41 + 1 AS answer;\n")
         assert "answer\n------\n    42\n(1 row)\n" in term.expect("(1 row)\n")
         term.expect(PROMPT)
@@ -225,8 +227,6 @@ def test_interactive_shell(run, tmp_path):
         assert "Error: query failed: Binder Error" in term.expect(PROMPT)
         term.type(b".quit\n")
         assert term.proc.wait(timeout=120) == 0
-    finally:
-        term.close()
     history = (tmp_path / ".fullece_sql_history").read_text().splitlines()
     assert "SELECT 41 + 1 AS answer;" in history
     assert "SELECT 7 AS seven;" in history
@@ -235,10 +235,6 @@ def test_interactive_shell(run, tmp_path):
 
 def test_ctrl_d_leaves_the_shell(run, tmp_path):
     pytest.importorskip("readline")
-    term = Terminal(run, tmp_path)
-    try:
-        term.expect(PROMPT)
+    with Terminal(run, tmp_path) as term:
         term.type(b"\x04")
         assert term.proc.wait(timeout=120) == 0
-    finally:
-        term.close()

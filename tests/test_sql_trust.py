@@ -323,6 +323,7 @@ def test_only_printed_rows_become_python_objects(run):
 
 
 def test_show_tables_lists_the_run_views_only(run, built):
+    edit_json(run / "manifest.json", lambda m: m.update(label="copy"))
     for runs in ([run], [run, built]):
         _, rows = run_query(runs, "SHOW TABLES")
         assert sorted(r[0] for r in rows) == sorted(

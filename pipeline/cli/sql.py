@@ -146,7 +146,8 @@ def dot_command(con, line: str) -> bool:
                 f"no table or view named {unknown[0]!r} (.tables lists them)"
             )
         for name in wanted:
-            cols = con.execute(f'DESCRIBE "{name}"').fetchall()
+            quoted = '"' + name.replace('"', '""') + '"'  # a name SHOW TABLES gave
+            cols = con.execute(f"DESCRIBE {quoted}").fetchall()
             body = ", ".join(f"{c[0]} {c[1]}" for c in cols)
             click.echo(f"CREATE VIEW {name}({body});")
     else:
