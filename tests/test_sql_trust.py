@@ -118,17 +118,35 @@ def test_label_is_no_sql(run, tmp_path):
     assert not pwned.exists()
 
 
-def test_non_finite_manifest_numbers_are_null(run):
+def test_wrong_typed_manifest_fields_are_null(run):
     def edit(m):
-        m["settings"]["tau"] = math.nan
-        m["created"] = math.inf  # a number where a string belongs
+        m["settings"]["tau"] = "high"  # a string where a number belongs
+        m["created"] = 20240101  # a number where a string belongs
 
-    edit_json(run / "manifest.json", edit)  # json.dumps writes NaN / Infinity
-    assert "NaN" in (run / "manifest.json").read_text()
+    edit_json(run / "manifest.json", edit)
     names, rows = run_query([run], "SELECT tau, created, vocab_size, manifest_json FROM manifest")
     row = dict(zip(names, rows[0], strict=True))
     assert row["tau"] is None and row["created"] is None and row["vocab_size"] == K
-    assert json.loads(row["manifest_json"])["settings"]["tau"] is None  # valid JSON
+    assert json.loads(row["manifest_json"])["settings"]["tau"] == "high"
+
+
+def test_non_finite_manifest_number_refused_on_one_line(run):
+    edit_json(run / "manifest.json", lambda m: m["settings"].update(tau=math.nan))
+    assert "NaN" in (run / "manifest.json").read_text()  # json.dumps writes NaN
+    one_error_line(cli("sql", run, "SELECT tau FROM manifest"), "settings.tau is NaN")
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_non_finite_meta_json_numbers_do_not_break_the_views(run, value):
+    edit_json(run / "tables" / "meta.json", lambda m: m.update(tail_max=value, m_exact=value))
+    res = cli("sql", run, "SELECT tail_max, m_exact, positions FROM meta")
+    assert res.exit_code == 0, res.output
+    _, rows = run_query([run], "SELECT tail_max, m_exact, positions FROM meta")
+    tail_max, m_exact, positions = rows[0]
+    # NULL, or the true values when the altered meta.json was rebuilt
+    assert tail_max is None or math.isfinite(tail_max)
+    assert m_exact is None or isinstance(m_exact, int)
+    assert positions == N
 
 
 def test_sandbox_locked_before_the_run_is_read(run):
