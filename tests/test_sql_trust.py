@@ -34,9 +34,13 @@ def built(tmp_path_factory):
     """A run with its tables, built once; each test works on a copy."""
     d = tmp_path_factory.mktemp("sqltrust") / "run"
     write_run(d, dense_case(N, K, seed=5, docs=12), k=4, shard_rows=80, label="trusted")
-    res = cli("aggregate", d, "--quiet")
+    return aggregated(d)
+
+
+def aggregated(directory: Path) -> Path:
+    res = cli("aggregate", directory, "--quiet")
     assert res.exit_code == 0, res.output
-    return d
+    return directory
 
 
 @pytest.fixture
