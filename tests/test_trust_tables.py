@@ -505,20 +505,9 @@ def _first(case, n: int):
     return SimpleNamespace(n=n, probs=case.probs[:n], labels=case.labels[:n])
 
 
-SQL_HAS_NO_PARTIAL = pytest.mark.xfail(
-    strict=True,
-    reason="`sql` has no --partial yet (issue 24 item 8, the sql command's part): it "
-    "measures an incomplete run",
-)
-
-
 @pytest.mark.parametrize(
     ("field", "command"),
-    [
-        pytest.param(f, c, marks=SQL_HAS_NO_PARTIAL) if (f, c) == ("complete", "sql") else (f, c)
-        for f in sorted(MANIFEST_EDITS)
-        for c in COMMANDS
-    ],
+    [(f, c) for f in sorted(MANIFEST_EDITS) for c in COMMANDS],
 )
 def test_manifest_edit_after_aggregate(run, tmp_path, truth, case, field, command):
     path = run / "manifest.json"
