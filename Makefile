@@ -24,7 +24,10 @@ TORCH_VERSION ?= 2.13.0
 # uv installs ~4x faster than pip. It does not read pip's configuration, so it is
 # handed pip's find-links (where this machine keeps the CPU wheel) and asked for the
 # CPU build by its local version label; without that wheel, pip installs torch.
-# UV=none forces pip throughout.
+# UV=none forces pip throughout. Bytecode is compiled at install (uv
+# --compile-bytecode; pip does it by default): where PYTHONDONTWRITEBYTECODE=1 is
+# set nothing else would cache it, and every process would compile numba's,
+# scipy's ... Python source again (seconds per command; docs/performance.md).
 UV         ?=
 FIND_LINKS ?= $(shell $(PYTHON) -m pip config list 2>/dev/null | sed -n "s/^global.find-links='\(.*\)'$$/\1/p")
 UV_FIND_LINKS = $(foreach d,$(FIND_LINKS),--find-links $(d))
@@ -48,11 +51,11 @@ $(STAMP): pyproject.toml $(LOCK)
 	if [ "$$uv" != none ]; then \
 	  echo "install: $$uv pip install --no-deps (torch $(TORCH_VERSION)+cpu, $(LOCK), this project)"; \
 	  if [ $$own_torch = 1 ]; then \
-	    $$uv pip install -q --python $(PY) --no-deps $(UV_FIND_LINKS) "torch==$(TORCH_VERSION)+cpu" \
+	    $$uv pip install -q --compile-bytecode --python $(PY) --no-deps $(UV_FIND_LINKS) "torch==$(TORCH_VERSION)+cpu" \
 	    || $(VENV)/bin/pip install -q --no-deps "torch==$(TORCH_VERSION)"; \
 	  fi; \
-	  $$uv pip install -q --python $(PY) --no-deps -r $(LOCK); \
-	  $$uv pip install -q --python $(PY) --no-deps -e .; \
+	  $$uv pip install -q --compile-bytecode --python $(PY) --no-deps -r $(LOCK); \
+	  $$uv pip install -q --compile-bytecode --python $(PY) --no-deps -e .; \
 	else \
 	  if [ $$own_torch = 1 ]; then $(VENV)/bin/pip install -q --no-deps "torch==$(TORCH_VERSION)"; fi; \
 	  $(VENV)/bin/pip install -q --no-deps -r $(LOCK); \

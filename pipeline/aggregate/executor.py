@@ -695,6 +695,9 @@ def aggregate(
             runs, out, fine_bins, progress=progress, parts_base=parts_base, kept=kept
         )
         meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir, kept)
+        from pipeline.analysis.positions import write_scores
+
+        write_scores(runs, out, meta)  # NLL, Brier, entropy sums: metrics never rescans
     finally:
         _release_map_memory()  # nothing of the map step outlives the call
         shutil.rmtree(temp_dir, ignore_errors=True)

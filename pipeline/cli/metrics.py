@@ -43,7 +43,14 @@ from pipeline.store.schema import SchemaVersionError
     is_flag=True,
     help="Measure an incomplete run (complete: false) anyway; the output says how much it holds.",
 )
-def metrics(run_dir, bins, replicates, seed, as_json, quiet, partial):
+@click.option(
+    "--positions",
+    "from_positions",
+    is_flag=True,
+    help="Read every position for smooth ECE (relplot.smECE) and an exact adaptive ECE "
+    "(cost grows with N; by default both come from the top-1 fine grid).",
+)
+def metrics(run_dir, bins, replicates, seed, as_json, quiet, partial, from_positions):
     """ECE, cw-ECE and Full-ECE of a run at each M, their RSD, token frequencies."""
     try:
         bins = parse_bins(bins)
@@ -51,7 +58,13 @@ def metrics(run_dir, bins, replicates, seed, as_json, quiet, partial):
         raise click.BadParameter(str(err), param_hint="--bins") from err
     try:
         result = metrics_for_run(
-            run_dir, bins, bootstrap_replicates=replicates, seed=seed, quiet=quiet, partial=partial
+            run_dir,
+            bins,
+            bootstrap_replicates=replicates,
+            seed=seed,
+            quiet=quiet,
+            partial=partial,
+            positions=from_positions,
         )
     except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:
         fail(err)

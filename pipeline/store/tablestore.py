@@ -79,7 +79,9 @@ def write_table_file(table: pa.Table, path) -> None:
 def read_table_file(path, columns=None) -> pa.Table:
     """Read a Parquet file, verifying its page checksums where it has them."""
     try:
-        return pq.read_table(str(path), columns=columns, page_checksum_verification=True)
+        # ParquetFile, not pq.read_table: that imports pyarrow.dataset (and pandas), a
+        # second or more of start-up for every command that reads tables
+        return pq.ParquetFile(str(path), page_checksum_verification=True).read(columns=columns)
     except (OSError, pa.ArrowException) as err:
         raise TablesError(f"{path}: damaged Parquet file ({err})") from err
 
