@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from pipeline.core.arrow_numpy import column_numpy
 from pipeline.core.binning import coarsen_bins, m_exact_from_tail_max
 
 
@@ -336,7 +337,7 @@ class BinTables:
 
 
 def _column(table: pa.Table, name: str, dtype) -> np.ndarray:
-    return table.column(name).to_numpy().astype(dtype, copy=False)
+    return column_numpy(table.column(name)).astype(dtype, copy=False)
 
 
 def _arrow_table(name: str, columns: dict) -> pa.Table:

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.core.arrow_numpy import column_numpy
 from pipeline.store.schema import SCHEMA_VERSION
 
 TAIL_BOUNDS_NAME = "tail_bounds.parquet"
@@ -73,9 +74,9 @@ def read_tail_bounds(tables_dir, meta: dict, vocab_size: int):
     if not path.exists():
         raise ValueError(f"{path}: missing (re-run `fullece aggregate`)")
     table = pq.read_table(path)
-    ids = table.column("class_id").to_numpy()
+    ids = column_numpy(table.column("class_id"))
     mass = np.zeros(vocab_size, dtype=np.float64)
     cap = np.zeros(vocab_size, dtype=np.float64)
-    mass[ids] = table.column("tail_mass").to_numpy()
-    cap[ids] = table.column("tail_cap").to_numpy()
+    mass[ids] = column_numpy(table.column("tail_mass"))
+    cap[ids] = column_numpy(table.column("tail_cap"))
     return mass, cap
