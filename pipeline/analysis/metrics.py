@@ -13,16 +13,12 @@ import math
 import tempfile
 from pathlib import Path
 
-from pipeline import PAPER_BINS
+from pipeline import MAX_BINS, PAPER_BINS
 from pipeline.core.registry import BIN_METRICS, PAPER_METRICS, RUN_METRICS
 from pipeline.store.manifest import RunError
 from pipeline.store.run import is_run, run_label
 
 METRICS_JSON_VERSION = 1
-# The largest M accepted: an M that does not divide F is aggregated from the
-# shards with dense per-bin arrays (O(M) memory per class row of seq/top-1
-# tables), so M is capped (docs/design.md).
-MAX_BINS = 1_000_000
 # (key, label) of the paper's three metrics, from the registry
 METRIC_NAMES = tuple((m.key, m.label) for m in PAPER_METRICS)
 
