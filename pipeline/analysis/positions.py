@@ -72,13 +72,11 @@ class PositionScan:
             return
         if dense is None and "kept_probs" not in col and _needs_kept(col):
             raise _NeedsKept  # before any sum moved: the caller reads kept_probs too
-        label = col["label"].to_numpy()
         label_p = col["label_prob"].to_numpy().astype(np.float64)
-        top1_p = col["top1_prob"].to_numpy()
         self.nll += float(-np.log(label_p).sum())
         if self.keep_pairs:
-            self.conf.append(np.asarray(top1_p, np.float32))
-            self.correct.append(col["top1_id"].to_numpy() == label)
+            self.conf.append(np.asarray(col["top1_prob"].to_numpy(), np.float32))
+            self.correct.append(col["top1_id"].to_numpy() == col["label"].to_numpy())
 
         kept = None
         if dense is not None:
@@ -237,7 +235,8 @@ def _scan_runs(runs, *, progress: bool = False, keep_pairs: bool = True) -> Posi
         pf = pq.ParquetFile(str(path))
         cols = list(_COLUMNS) + (["sum_p2"] if "sum_p2" in pf.schema_arrow.names else [])
         if not scan.keep_pairs and "sum_p2" in cols:
-            cols.remove("kept_probs")  # the largest column; read only where a batch needs it
+            # only what the sums need; kept_probs and the tail are read where a batch needs them
+            cols = ["label_prob", "entropy", "sum_p2"]
         dense = _dense_rows_of_shard(shard) if run.store == "full" else None
         start = 0
         for index in range(pf.metadata.num_row_groups):
