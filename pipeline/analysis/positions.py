@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from pipeline.core.arrow_numpy import column_numpy
 from pipeline.core.metrics import (
     _neg_xlogx,
     adaptive_ece_formula,
@@ -72,18 +73,18 @@ class PositionScan:
             return
         if dense is None and "kept_probs" not in col and _needs_kept(col):
             raise _NeedsKept  # before any sum moved: the caller reads kept_probs too
-        label_p = col["label_prob"].to_numpy().astype(np.float64)
+        label_p = column_numpy(col["label_prob"]).astype(np.float64)
         self.nll += float(-np.log(label_p).sum())
         if self.keep_pairs:
-            self.conf.append(np.asarray(col["top1_prob"].to_numpy(), np.float32))
-            self.correct.append(col["top1_id"].to_numpy() == col["label"].to_numpy())
+            self.conf.append(np.asarray(column_numpy(col["top1_prob"]), np.float32))
+            self.correct.append(column_numpy(col["top1_id"]) == column_numpy(col["label"]))
 
         kept = None
         if dense is not None:
             sum_p2 = np.asarray(dense["sum_p2"], np.float64)
             sq_lo = sq_hi = sum_p2
         elif "sum_p2" in col and col["sum_p2"].null_count == 0:
-            sum_p2 = col["sum_p2"].to_numpy().astype(np.float64)
+            sum_p2 = column_numpy(col["sum_p2"]).astype(np.float64)
             sq_lo = sq_hi = sum_p2
         else:
             kept = _kept_sums(col["kept_probs"], n)
@@ -100,7 +101,7 @@ class PositionScan:
             self.entropy[1] += float(h.sum())
         else:
             ent = col["entropy"]
-            h = ent.to_numpy(zero_copy_only=False).astype(np.float64)
+            h = column_numpy(ent).astype(np.float64)
             # null or NaN (imported dumps store NaN): not determined by the run
             known = np.isfinite(h)
             stored = None if bool(known.all()) else known
@@ -173,7 +174,7 @@ class _NeedsKept(Exception):
 def _needs_kept(col) -> bool:
     if "sum_p2" not in col or col["sum_p2"].null_count:
         return True
-    h = col["entropy"].to_numpy(zero_copy_only=False)
+    h = column_numpy(col["entropy"])
     return not bool(np.isfinite(h).all())
 
 
@@ -191,9 +192,9 @@ def _kept_sums(kept_probs, n: int) -> dict:
 
 def _tail(col):
     return (
-        col["tail_count"].to_numpy(),
-        col["tail_mass"].to_numpy(),
-        col["tail_max"].to_numpy(),
+        column_numpy(col["tail_count"]),
+        column_numpy(col["tail_mass"]),
+        column_numpy(col["tail_max"]),
     )
 
 
