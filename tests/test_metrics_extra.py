@@ -227,9 +227,10 @@ BINS = (5, 10, 20, 50)
 # smooth ECE from the tables (top-1 fine grid, F = 1000) against relplot.smECE on the raw
 # pairs: each confidence moves less than 1/F inside its bin while every bin's count,
 # confidence sum and residual sum stay exact (so the kernel density is exact and only the
-# residual's split between the two mesh points around each bin moves); measured
-# differences were <= 6e-6 (tests/test_startup.py); 1e-4 leaves room for other data.
-SMOOTH_FROM_TABLES_TOL = 1e-4
+# residual's split between the two mesh points around each bin moves). The difference
+# scales like (1/F)/sigma; measured up to 9.8e-5 (2,000 pairs, sigma = 0.02,
+# tests/test_startup.py). Not a proven bound: 5e-4 is five times the largest seen.
+SMOOTH_FROM_TABLES_TOL = 5e-4
 
 
 @pytest.mark.parametrize("from_positions", [False, True], ids=["tables", "positions"])
