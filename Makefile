@@ -24,7 +24,12 @@ TORCH_VERSION ?= 2.13.0
 # uv installs ~4x faster than pip. It does not read pip's configuration, so it is
 # handed pip's find-links (where this machine keeps the CPU wheel) and asked for the
 # CPU build by its local version label; without that wheel, pip installs torch.
-# UV=none forces pip throughout.
+# UV=none forces pip throughout. Bytecode is compiled at install (uv
+# --compile-bytecode; pip does it by default): where PYTHONDONTWRITEBYTECODE=1 is
+# set nothing else would cache it, and every process would compile numba's,
+# scipy's ... Python source again (seconds per command; docs/performance.md).
+# Not torch's (only extraction imports it, and its thousands of files cost most of
+# the compile time); the project's own source is compiled last.
 UV         ?=
 FIND_LINKS ?= $(shell $(PYTHON) -m pip config list 2>/dev/null | sed -n "s/^global.find-links='\(.*\)'$$/\1/p")
 UV_FIND_LINKS = $(foreach d,$(FIND_LINKS),--find-links $(d))
@@ -51,14 +56,15 @@ $(STAMP): pyproject.toml $(LOCK)
 	    $$uv pip install -q --python $(PY) --no-deps $(UV_FIND_LINKS) "torch==$(TORCH_VERSION)+cpu" \
 	    || $(VENV)/bin/pip install -q --no-deps "torch==$(TORCH_VERSION)"; \
 	  fi; \
-	  $$uv pip install -q --python $(PY) --no-deps -r $(LOCK); \
-	  $$uv pip install -q --python $(PY) --no-deps -e .; \
+	  $$uv pip install -q --compile-bytecode --python $(PY) --no-deps -r $(LOCK); \
+	  $$uv pip install -q --compile-bytecode --python $(PY) --no-deps -e .; \
 	else \
 	  if [ $$own_torch = 1 ]; then $(VENV)/bin/pip install -q --no-deps "torch==$(TORCH_VERSION)"; fi; \
 	  $(VENV)/bin/pip install -q --no-deps -r $(LOCK); \
 	  $(VENV)/bin/pip install -q --no-deps -e .; \
 	fi; \
-	if [ $$own_torch = 1 ]; then $(PY) -m pip check; else $(PY) -m pip check || true; fi
+	if [ $$own_torch = 1 ]; then $(PY) -m pip check; else $(PY) -m pip check || true; fi; \
+	$(PY) -m compileall -q pipeline >/dev/null || true
 	@touch $@
 
 # Regenerate requirements.lock from an environment `make install` built, after

@@ -705,6 +705,9 @@ def aggregate(
                 runs, out, fine_bins, progress=progress, parts_base=parts_base, kept=kept
             )
             meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir, kept)
+            from pipeline.analysis.positions import write_scores
+
+            write_scores(runs, out, meta)  # NLL, Brier, entropy sums: metrics never rescans
         finally:
             _release_map_memory()  # nothing of the map step outlives the call
             shutil.rmtree(temp_dir, ignore_errors=True)
@@ -1003,6 +1006,21 @@ def _private_dir(path: Path) -> Path:
     return path
 
 
+def private_cache_dir(*names: str) -> Path:
+    """``user_cache_dir()/<names...>``, every component this user's own (see
+    _private_dir): what fullece derives from runs it could not write into, and
+    the sums it keeps, live only here, never where another user could pre-seed
+    them or point them elsewhere."""
+    base = user_cache_dir()
+    _safe_ancestors(base.parent)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    _safe_ancestors(base.parent)
+    directory = _private_dir(base)
+    for name in names:
+        directory = _private_dir(directory / name)
+    return directory
+
+
 def _tables_cache(run_dirs) -> Path:
     """Where tables of runs that cannot hold them (read-only) are kept: the
     user's own cache (``user_cache_dir()/tables/<sha256 of the runs' real
@@ -1011,14 +1029,7 @@ def _tables_cache(run_dirs) -> Path:
     tag = hashlib.sha256("\0".join(str(Path(d).resolve()) for d in run_dirs).encode()).hexdigest()[
         :16
     ]
-    base = user_cache_dir()
-    _safe_ancestors(base.parent)
-    base.parent.mkdir(parents=True, exist_ok=True)
-    _safe_ancestors(base.parent)
-    directory = base
-    for name in ("", "tables", tag):
-        directory = _private_dir(directory / name if name else directory)
-    return directory
+    return private_cache_dir("tables", tag)
 
 
 # Tables directories whose tables this process checked against their runs'

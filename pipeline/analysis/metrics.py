@@ -13,16 +13,12 @@ import math
 import tempfile
 from pathlib import Path
 
-from pipeline import PAPER_BINS
+from pipeline import MAX_BINS, PAPER_BINS
 from pipeline.core.registry import BIN_METRICS, PAPER_METRICS, RUN_METRICS
 from pipeline.store.manifest import RunError
 from pipeline.store.run import is_run, run_label
 
 METRICS_JSON_VERSION = 1
-# The largest M accepted: an M that does not divide F is aggregated from the
-# shards with dense per-bin arrays (O(M) memory per class row of seq/top-1
-# tables), so M is capped (docs/design.md).
-MAX_BINS = 1_000_000
 # (key, label) of the paper's three metrics, from the registry
 METRIC_NAMES = tuple((m.key, m.label) for m in PAPER_METRICS)
 
@@ -54,11 +50,16 @@ def metrics_for_run(
     quiet: bool = False,
     scan=None,
     partial: bool = False,
+    positions: bool = False,
 ) -> dict:
     """Everything `fullece metrics` prints, as the documented JSON object.
 
-    `scan`: a :class:`pipeline.analysis.positions.PositionScan` of the run
-    already made (the report reuses its top-1 pairs); scanned here otherwise.
+    From the tables alone (cost independent of N): smooth ECE on the top-1
+    fine grid, adaptive ECE or its proven interval, and NLL, Brier and entropy
+    from the sums kept in the user's cache at aggregation. With
+    `positions` (or a `scan`, a :class:`pipeline.analysis.positions.PositionScan`
+    of the run already made, which the report reuses) every position is read:
+    exact adaptive ECE and relplot's smECE on the raw top-1 pairs.
     An incomplete run is refused unless `partial` (then ``complete: false``)."""
     from pipeline.aggregate import aggregate, ensure_tables, load_run_tables
     from pipeline.core.binning import is_exact
@@ -124,13 +125,42 @@ def metrics_for_run(
         if any(not r.get("cw_ece_bounds_exact", True) for r in ordered):
             notes.append("cw-ECE upper bound: a proven bound, not the exact maximum")
     scores = dict.fromkeys(_RUN_KEYS)
-    if is_run(run_dir):
+    if (positions or scan is not None) and is_run(run_dir):
         from pipeline.analysis.positions import scan_run
 
         scan = scan if scan is not None else scan_run(run_dir, progress=not quiet)
         scores = scan.result()
         for row in ordered:
             row["adaptive_ece"] = scan.adaptive_ece(row["M"])
+            row["adaptive_ece_bounds"] = [row["adaptive_ece"]] * 2
+        notes.append(
+            "smooth_ece and adaptive_ece: from every position's top-1 pair (relplot.smECE)"
+        )
+    else:
+        from pipeline.core.metrics import adaptive_ece_bounds_at, smooth_ece_at
+
+        sums = _run_sums(run_dir, tables_dir, quiet)
+        if sums is not None:
+            from pipeline.analysis.positions import scores_of_sums
+
+            scores = scores_of_sums(sums)
+        scores["smooth_ece"] = smooth_ece_at(tables)
+        cut = False
+        for row in ordered:
+            lo, hi, exact = adaptive_ece_bounds_at(tables, row["M"])
+            row["adaptive_ece"] = lo if exact else None
+            row["adaptive_ece_bounds"] = [lo, hi]
+            cut = cut or not exact
+        notes.append(
+            f"smooth_ece: relplot's smECE on the top-1 fine grid (F={f}: each position at "
+            "its fine bin's mean confidence); --positions reads every position instead"
+        )
+        if cut:
+            notes.append(
+                "adaptive_ece: null where an equal-count bin boundary cuts a fine bin; "
+                "adaptive_ece_bounds is its proven range (--positions: exact)"
+            )
+    if is_run(run_dir) or scores["nll"] is not None:
         if scores["brier"] is None:
             notes.append(
                 "brier: the run stores no Σp² per position (positions schema v1 or an "
@@ -181,6 +211,27 @@ def metrics_for_run(
     }
 
 
+def _run_sums(run_dir, tables_dir, quiet: bool) -> dict | None:
+    """NLL, Brier and entropy sums of the tables' positions: from
+    the user's cache (written at aggregation, keyed by the verified shards'
+    sha256s), else one scan of the run's positions, then kept there.
+    None for a tables directory without it."""
+    from pipeline.aggregate import read_tables_meta
+    from pipeline.analysis import positions as pos
+
+    meta = read_tables_meta(tables_dir)
+    sums = pos.read_scores(tables_dir, meta)
+    if sums is not None or not is_run(run_dir):
+        return sums
+    from pipeline.store.run import open_run
+
+    run = open_run(run_dir)
+    try:
+        return pos.write_scores([run], tables_dir, meta)
+    except OSError:  # a read-only tables directory: the sums, not kept
+        return pos.scan_run(run_dir, progress=not quiet, keep_pairs=False).sums()
+
+
 def _tail_bounds(tables_dir, tables):
     """Per-class tail allocation and capacity of tables holding an imported run, else None."""
     from pipeline.aggregate import read_tables_meta
@@ -221,6 +272,8 @@ def clean_row(row: dict) -> dict:
     }
     if "cw_ece_bounds" in row:
         out["cw_ece_bounds"] = [float(x) for x in row["cw_ece_bounds"]]
+    if row.get("adaptive_ece_bounds") is not None:
+        out["adaptive_ece_bounds"] = [float(x) for x in row["adaptive_ece_bounds"]]
     return out
 
 
@@ -252,7 +305,8 @@ def format_metrics(result: dict) -> str:
     extra = [
         m
         for m in BIN_METRICS
-        if not m.paper and any(r.get(m.key) is not None for r in result["bins"])
+        if not m.paper
+        and any(r.get(m.key) is not None or r.get(m.bounds_key or "") for r in result["bins"])
     ]
     head = f"{'M':>5}  {'ECE':>12}  {'cw-ECE':>12}  {'Full-ECE':>12}  exact"
     head += "".join(f"  {m.label:>12}" for m in extra)
@@ -268,7 +322,9 @@ def format_metrics(result: dict) -> str:
             f"{r['M']:>5}  {fmt(r['ece']):>12}  {cw:>12}  "
             f"{fmt(r['full_ece']):>12}  {'yes' if r['exact'] else 'NO '}"
         )
-        line += "".join(f"  {fmt(r.get(m.key)):>12}" for m in extra)
+        line += "".join(
+            f"  {_value_or_interval(r, m.key, m.bounds_key).replace('in ', ''):>12}" for m in extra
+        )
         if r.get("source") == "shards":
             line += " *"
         if r["M"] in intervals:

@@ -20,10 +20,12 @@ column is filled for every position (or from the full store's logits), else
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
+from pipeline.core.arrow_numpy import column_numpy
 from pipeline.core.metrics import (
     _neg_xlogx,
     adaptive_ece_formula,
@@ -47,9 +49,11 @@ _COLUMNS = (
 
 
 class PositionScan:
-    """Streaming sums over positions; feed Arrow batches, then `result()`."""
+    """Streaming sums over positions; feed Arrow batches, then `result()`.
+    ``keep_pairs=False`` keeps only the sums (O(1) memory): :meth:`scores`."""
 
-    def __init__(self):
+    def __init__(self, keep_pairs: bool = True):
+        self.keep_pairs = keep_pairs
         self.n = 0
         self.nll = 0.0
         self.brier = [0.0, 0.0]
@@ -67,19 +71,20 @@ class PositionScan:
         n = batch.num_rows
         if n == 0:
             return
-        label = col["label"].to_numpy()
-        label_p = col["label_prob"].to_numpy().astype(np.float64)
-        top1_p = col["top1_prob"].to_numpy()
+        if dense is None and "kept_probs" not in col and _needs_kept(col):
+            raise _NeedsKept  # before any sum moved: the caller reads kept_probs too
+        label_p = column_numpy(col["label_prob"]).astype(np.float64)
         self.nll += float(-np.log(label_p).sum())
-        self.conf.append(np.asarray(top1_p, np.float32))
-        self.correct.append(col["top1_id"].to_numpy() == label)
+        if self.keep_pairs:
+            self.conf.append(np.asarray(column_numpy(col["top1_prob"]), np.float32))
+            self.correct.append(column_numpy(col["top1_id"]) == column_numpy(col["label"]))
 
         kept = None
         if dense is not None:
             sum_p2 = np.asarray(dense["sum_p2"], np.float64)
             sq_lo = sq_hi = sum_p2
         elif "sum_p2" in col and col["sum_p2"].null_count == 0:
-            sum_p2 = col["sum_p2"].to_numpy().astype(np.float64)
+            sum_p2 = column_numpy(col["sum_p2"]).astype(np.float64)
             sq_lo = sq_hi = sum_p2
         else:
             kept = _kept_sums(col["kept_probs"], n)
@@ -96,7 +101,7 @@ class PositionScan:
             self.entropy[1] += float(h.sum())
         else:
             ent = col["entropy"]
-            h = ent.to_numpy(zero_copy_only=False).astype(np.float64)
+            h = column_numpy(ent).astype(np.float64)
             # null or NaN (imported dumps store NaN): not determined by the run
             known = np.isfinite(h)
             stored = None if bool(known.all()) else known
@@ -119,27 +124,58 @@ class PositionScan:
         hit = np.concatenate(self.correct) if self.correct else np.zeros(0, bool)
         return conf, hit
 
-    def result(self) -> dict:
-        n = self.n
-        if n == 0:
-            raise ValueError("no positions to score")
-        nll = self.nll / n
-        brier = [self.brier[0] / n, self.brier[1] / n]
-        entropy = [self.entropy[0] / n, self.entropy[1] / n]
-        conf, hit = self.top1_pairs()
+    def sums(self) -> dict:
+        """The running sums, JSON-ready (what ``scores.json`` stores)."""
         return {
-            "nll": nll,
-            "perplexity": math.exp(nll) if nll < 709 else math.inf,
-            "brier": brier[0] if self.brier_exact else None,
-            "brier_bounds": brier,
-            "entropy": entropy[0] if self.entropy_exact else None,
-            "entropy_bounds": entropy,
-            "smooth_ece": smooth_ece_formula(conf, hit),
+            "positions": self.n,
+            "nll_sum": self.nll,
+            "brier_sum": list(self.brier),
+            "entropy_sum": list(self.entropy),
+            "brier_exact": self.brier_exact,
+            "entropy_exact": self.entropy_exact,
         }
+
+    def scores(self) -> dict:
+        """nll, perplexity, brier and entropy (with their intervals)."""
+        return scores_of_sums(self.sums())
+
+    def result(self) -> dict:
+        """:meth:`scores` and relplot's smooth ECE of every top-1 pair."""
+        conf, hit = self.top1_pairs()
+        return {**self.scores(), "smooth_ece": smooth_ece_formula(conf, hit)}
 
     def adaptive_ece(self, n_bins: int) -> float:
         conf, hit = self.top1_pairs()
         return adaptive_ece_formula(conf, hit, n_bins)
+
+
+def scores_of_sums(sums: dict) -> dict:
+    """nll, perplexity, brier and entropy (with intervals) from :meth:`PositionScan.sums`."""
+    n = sums["positions"]
+    if n == 0:
+        raise ValueError("no positions to score")
+    nll = sums["nll_sum"] / n
+    brier = [sums["brier_sum"][0] / n, sums["brier_sum"][1] / n]
+    entropy = [sums["entropy_sum"][0] / n, sums["entropy_sum"][1] / n]
+    return {
+        "nll": nll,
+        "perplexity": math.exp(nll) if nll < 709 else math.inf,
+        "brier": brier[0] if sums["brier_exact"] else None,
+        "brier_bounds": brier,
+        "entropy": entropy[0] if sums["entropy_exact"] else None,
+        "entropy_bounds": entropy,
+    }
+
+
+class _NeedsKept(Exception):
+    """A batch read without kept_probs needs them (no sum_p2, or entropy missing)."""
+
+
+def _needs_kept(col) -> bool:
+    if "sum_p2" not in col or col["sum_p2"].null_count:
+        return True
+    h = column_numpy(col["entropy"])
+    return not bool(np.isfinite(h).all())
 
 
 def _kept_sums(kept_probs, n: int) -> dict:
@@ -156,9 +192,9 @@ def _kept_sums(kept_probs, n: int) -> dict:
 
 def _tail(col):
     return (
-        col["tail_count"].to_numpy(),
-        col["tail_mass"].to_numpy(),
-        col["tail_max"].to_numpy(),
+        column_numpy(col["tail_count"]),
+        column_numpy(col["tail_mass"]),
+        column_numpy(col["tail_max"]),
     )
 
 
@@ -175,37 +211,109 @@ def _dense_rows_of_shard(shard):
     return np.concatenate(sq), np.concatenate(ent)
 
 
-def scan_run(run_dir, *, progress: bool = False) -> PositionScan:
+def scan_run(run_dir, *, progress: bool = False, keep_pairs: bool = True) -> PositionScan:
     """One scan over every positions shard of a run (and, in the full store,
     one streaming pass over its logits for Σ p² and the entropy)."""
-    from pipeline.store.run import check_positions, open_run
+    from pipeline.store.run import open_run
 
-    run = open_run(run_dir)
-    scan = PositionScan()
+    return _scan_runs([open_run(run_dir)], progress=progress, keep_pairs=keep_pairs)
+
+
+def _scan_runs(runs, *, progress: bool = False, keep_pairs: bool = True) -> PositionScan:
+    from pipeline.store.run import check_positions
+
+    scan = PositionScan(keep_pairs)
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=sum(s.rows for s in run.shards), unit="pos", desc="positions")
-    for shard in run.shards:
+        total = sum(s.rows for run in runs for s in run.shards)
+        bar = tqdm(total=total, unit="pos", desc="positions")
+    for run, shard in ((r, s) for r in runs for s in r.shards):
         if shard.rows == 0:
             continue
         path = check_positions(shard)
         pf = pq.ParquetFile(str(path))
         cols = list(_COLUMNS) + (["sum_p2"] if "sum_p2" in pf.schema_arrow.names else [])
+        if not scan.keep_pairs and "sum_p2" in cols:
+            # only what the sums need; kept_probs and the tail are read where a batch needs them
+            cols = ["label_prob", "entropy", "sum_p2"]
         dense = _dense_rows_of_shard(shard) if run.store == "full" else None
         start = 0
-        for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=cols):
-            stop = start + batch.num_rows
-            part = (
-                None
-                if dense is None
-                else {"sum_p2": dense[0][start:stop], "entropy": dense[1][start:stop]}
-            )
-            scan.update(batch, part)
-            start = stop
+        for index in range(pf.metadata.num_row_groups):
+            for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[index], columns=cols):
+                stop = start + batch.num_rows
+                part = (
+                    None
+                    if dense is None
+                    else {"sum_p2": dense[0][start:stop], "entropy": dense[1][start:stop]}
+                )
+                try:
+                    scan.update(batch, part)
+                except _NeedsKept:
+                    cols = list(_COLUMNS) + ["sum_p2"]
+                    offset = start - sum(pf.metadata.row_group(i).num_rows for i in range(index))
+                    again = pf.read_row_group(index, columns=cols).slice(offset, batch.num_rows)
+                    scan.update(again, part)
+                start = stop
             if bar is not None:
                 bar.update(batch.num_rows)
     if bar is not None:
         bar.close()
     return scan
+
+
+# ---- the run-level sums kept beside the tables ------------------------------------
+
+SCORES_NAME = "scores.json"
+SCORES_VERSION = 1
+
+
+def _inputs_key(meta: dict) -> str:
+    """What the tables were built from (every run's shard sha256s), as one digest."""
+    import hashlib
+    import json
+
+    inputs = sorted(json.dumps(r.get("inputs"), sort_keys=True) for r in meta.get("runs") or [])
+    return hashlib.sha256("\n".join(inputs).encode()).hexdigest()
+
+
+def _scores_path(meta: dict) -> Path:
+    """Where the sums of tables built from these inputs are kept: the user's own
+    cache, keyed by the verified shards' sha256s. Never the run's tables
+    directory: a file there is the run's word, and anyone who hands you a run
+    could write any NLL into it (docs/trust.md)."""
+    from pipeline.aggregate.executor import private_cache_dir
+
+    return private_cache_dir("scores") / f"{_inputs_key(meta)}.json"
+
+
+def write_scores(runs, tables_dir, meta: dict) -> dict:
+    """Scan the runs' (verified) positions once for the NLL, Brier and entropy
+    sums and keep them in the user's cache (see _scores_path), so that
+    ``fullece metrics`` never reads a position again. Written atomically;
+    returns the sums. `tables_dir` is unused: kept for the callers' order."""
+    from pipeline.store import atomic
+
+    sums = _scan_runs(runs, keep_pairs=False).sums()
+    record = {"schema_version": SCORES_VERSION, "inputs": _inputs_key(meta), **sums}
+    atomic.write_json(_scores_path(meta), record)
+    return sums
+
+
+def read_scores(tables_dir, meta: dict) -> dict | None:
+    """The kept sums of tables built from `meta`'s inputs, else None."""
+    import json
+
+    try:
+        record = json.loads(_scores_path(meta).read_text())
+    except (OSError, ValueError):
+        return None
+    if (
+        not isinstance(record, dict)
+        or record.get("schema_version") != SCORES_VERSION
+        or record.get("inputs") != _inputs_key(meta)
+        or record.get("positions") != meta.get("positions")
+    ):
+        return None
+    return record

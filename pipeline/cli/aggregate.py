@@ -7,9 +7,8 @@ from pathlib import Path
 
 import click
 
-from pipeline import DEFAULT_FINE_BINS
+from pipeline import DEFAULT_FINE_BINS, MAX_BINS
 from pipeline.aggregate import DEFAULT_MEMORY_LIMIT, aggregate
-from pipeline.analysis.metrics import MAX_BINS
 from pipeline.cli.common import fail
 from pipeline.store.manifest import RunError
 from pipeline.store.schema import SchemaVersionError

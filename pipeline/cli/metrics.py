@@ -6,12 +6,13 @@ from pathlib import Path
 
 import click
 
-from pipeline import PAPER_BINS
-from pipeline.analysis.compare import compare_runs, format_compare
-from pipeline.analysis.metrics import MAX_BINS, format_metrics, metrics_for_run, parse_bins
+from pipeline import MAX_BINS, PAPER_BINS
 from pipeline.cli.common import dumps_json, fail
 from pipeline.store.manifest import RunError
 from pipeline.store.schema import SchemaVersionError
+
+# The analysis modules are imported inside each command: `fullece metrics` never
+# loads the compare code, nor `fullece compare` the metrics formatting.
 
 
 @click.command("metrics")
@@ -43,15 +44,30 @@ from pipeline.store.schema import SchemaVersionError
     is_flag=True,
     help="Measure an incomplete run (complete: false) anyway; the output says how much it holds.",
 )
-def metrics(run_dir, bins, replicates, seed, as_json, quiet, partial):
+@click.option(
+    "--positions",
+    "from_positions",
+    is_flag=True,
+    help="Read every position for smooth ECE (relplot.smECE) and an exact adaptive ECE "
+    "(cost grows with N; by default both come from the top-1 fine grid).",
+)
+def metrics(run_dir, bins, replicates, seed, as_json, quiet, partial, from_positions):
     """ECE, cw-ECE and Full-ECE of a run at each M, their RSD, token frequencies."""
+    from pipeline.analysis.metrics import format_metrics, metrics_for_run, parse_bins
+
     try:
         bins = parse_bins(bins)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--bins") from err
     try:
         result = metrics_for_run(
-            run_dir, bins, bootstrap_replicates=replicates, seed=seed, quiet=quiet, partial=partial
+            run_dir,
+            bins,
+            bootstrap_replicates=replicates,
+            seed=seed,
+            quiet=quiet,
+            partial=partial,
+            positions=from_positions,
         )
     except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:
         fail(err)
@@ -81,6 +97,8 @@ def metrics(run_dir, bins, replicates, seed, as_json, quiet, partial):
 )
 def compare(run_dirs, n_bins, as_json, quiet, partial):
     """Compare runs (training checkpoints, say): one row each and the trend."""
+    from pipeline.analysis.compare import compare_runs, format_compare
+
     try:
         result = compare_runs(list(run_dirs), n_bins, quiet=quiet, partial=partial)
     except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:

@@ -86,8 +86,9 @@ REGISTRY: tuple[Metric, ...] = (
         "bins",
         "(1/N) Σ_b |Σ_{i∈b} (1[top1_i = label_i] − top1_prob_i)| over M equal-count bins "
         "of the positions sorted by (top1_prob, correct), split like numpy.array_split",
-        "positions (top1_prob, top1_id, label)",
-        "always (needs the run's positions; null from a tables directory)",
+        "top1_bins (n, conf_sum, correct per fine bin); positions with --positions",
+        "no equal-count boundary cuts a fine bin, or --positions; else adaptive_ece_bounds",
+        bounds_key="adaptive_ece_bounds",
     ),
     Metric(
         "nll",
@@ -127,9 +128,10 @@ REGISTRY: tuple[Metric, ...] = (
         "smooth_ece",
         "smooth ECE",
         "run",
-        "smECE of Błasiok & Nakkiran on (top1_prob, correct), relplot.smECE",
-        "positions (top1_prob, top1_id, label)",
-        "always (a deterministic function of the stored top-1 pairs)",
+        "smECE of Błasiok & Nakkiran (relplot.smECE's algorithm) on the top-1 pairs, each "
+        "confidence at its fine bin's mean (raw confidences with --positions)",
+        "top1_bins (n, conf_sum, correct); positions with --positions",
+        "always (a deterministic function of the top-1 fine grid, or of the top-1 pairs)",
     ),
 )
 

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import __version__
+from pipeline.core.arrow_numpy import column_numpy
 from pipeline.core.binning import m_exact_from_tail_max
 from pipeline.core.tables import BinTables
 from pipeline.store import atomic
@@ -79,7 +80,9 @@ def write_table_file(table: pa.Table, path) -> None:
 def read_table_file(path, columns=None) -> pa.Table:
     """Read a Parquet file, verifying its page checksums where it has them."""
     try:
-        return pq.read_table(str(path), columns=columns, page_checksum_verification=True)
+        # ParquetFile, not pq.read_table: that imports pyarrow.dataset (and pandas), a
+        # second or more of start-up for every command that reads tables
+        return pq.ParquetFile(str(path), page_checksum_verification=True).read(columns=columns)
     except (OSError, pa.ArrowException) as err:
         raise TablesError(f"{path}: damaged Parquet file ({err})") from err
 
@@ -316,11 +319,11 @@ def check_invariants(arrow: dict[str, pa.Table], meta: dict, where) -> None:
         ("class_bins", cb, "class_id", k),
         ("tokens", tok, "class_id", k),
     ):
-        ids = table.column(id_col).to_numpy()
+        ids = column_numpy(table.column(id_col))
         if ids.size and (ids.min() < 0 or ids.max() >= hi):
             found.append(f"{name}.{id_col} outside [0, {hi})")
     for name, table in (("class_bins", cb), ("top1_bins", t1), ("seq_bins", sb)):
-        bins = table.column("bin").to_numpy()
+        bins = column_numpy(table.column("bin"))
         if bins.size and (bins.min() < 1 or bins.max() > f):
             found.append(f"{name}.bin outside [1, {f}]")
     for name, table, cols in (
@@ -329,16 +332,18 @@ def check_invariants(arrow: dict[str, pa.Table], meta: dict, where) -> None:
         ("tokens", tok, ("label_count", "top1_count")),
     ):
         for col in cols:
-            values = table.column(col).to_numpy()
+            values = column_numpy(table.column(col))
             if values.size and values.min() < 0:
                 found.append(f"{name}.{col} has negative counts")
     if not found and k <= (1 << 26):
         hits = np.bincount(
-            cb.column("class_id").to_numpy(), weights=cb.column("hits").to_numpy(), minlength=k
+            column_numpy(cb.column("class_id")),
+            weights=column_numpy(cb.column("hits")),
+            minlength=k,
         )
         labels = np.bincount(
-            tok.column("class_id").to_numpy(),
-            weights=tok.column("label_count").to_numpy(),
+            column_numpy(tok.column("class_id")),
+            weights=column_numpy(tok.column("label_count")),
             minlength=k,
         )
         bad = np.flatnonzero(hits != labels)

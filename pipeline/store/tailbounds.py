@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from pipeline.core.arrow_numpy import column_numpy
 from pipeline.store.schema import SCHEMA_VERSION
 
 TAIL_BOUNDS_NAME = "tail_bounds.parquet"
@@ -89,9 +90,9 @@ def read_tail_bounds(tables_dir, meta: dict, vocab_size: int):
             "(re-run `fullece aggregate`)"
         )
     table = _read_verified_file(path, recorded)
-    ids = table.column("class_id").to_numpy()
-    mass = table.column("tail_mass").to_numpy()
-    cap = table.column("tail_cap").to_numpy()
+    ids = column_numpy(table.column("class_id"))
+    mass = column_numpy(table.column("tail_mass"))
+    cap = column_numpy(table.column("tail_cap"))
     if ids.size and (ids.min() < 0 or ids.max() >= vocab_size or np.unique(ids).size != ids.size):
         raise TablesError(f"{path}: class_id outside [0, {vocab_size}) or repeated")
     if not (np.all(np.isfinite(mass)) and np.all(np.isfinite(cap))):

@@ -1,0 +1,211 @@
+"""Whole-process command latency (issue 19, items 2, 4 and 5).
+
+    python -m benchmarks.bench_commands --out DIR [--quick] [--rounds R]
+
+Every figure is the wall time of a ``fullece`` command run as users run it: a
+fresh subprocess of the installed entry point, start-up included, with
+``PYTHONDONTWRITEBYTECODE=1`` (as in CI and many containers). Beside each
+command, in the same round and just before it, the *baseline* runs: a bare
+``python -c`` that imports duckdb and pyarrow and reads one table of the same
+run (``class_bins.parquet``, with ``pq.read_table``). Rounds interleave every
+command with its baseline, so machine load hits both; each ratio is the best
+command time over the best baseline time of its pairs (and the median ratio of
+the pairs is printed beside it). CPU time (user + sys of the child) is
+recorded too: on a shared machine it moves less than wall time.
+
+Commands (``make bench``'s defaults; ``--quick`` shrinks the large run):
+
+* ``aggregate`` of a small run (4,000 positions, K = 32,000, 64 kept), tables
+  removed before each run, so every round aggregates from the shards;
+* ``metrics --json`` of the small and of a large run (500,000 positions in
+  two shards), tables already built;
+* ``compare`` of one run and ``report`` of one run, both runs.
+
+Writes DIR/commands.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.bench_aggregate import make_topk_run
+
+SMALL = 4_000
+LARGE = 500_000
+QUICK_LARGE = 50_000
+K = 32_000
+KEPT = 64
+BASELINE = (
+    "import duckdb, pyarrow, pyarrow.parquet as pq; "
+    "t = pq.read_table({path!r}); assert t.num_rows > 0"
+)
+
+
+def _env() -> dict:
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env.pop("PYTHONPROFILEIMPORTTIME", None)
+    return env
+
+
+def _fullece() -> str:
+    exe = Path(sys.executable).with_name("fullece")
+    return str(exe) if exe.exists() else shutil.which("fullece") or "fullece"
+
+
+def timed(argv: list[str], before=None) -> dict:
+    """Wall and child CPU seconds of one subprocess (`before` runs first, untimed)."""
+    if before is not None:
+        before()
+    usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, env=_env(), capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    cpu = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)
+    return {"wall_s": wall, "cpu_s": cpu}
+
+
+def _fresh_tables(run: Path):
+    def remove():
+        shutil.rmtree(run / "tables", ignore_errors=True)
+
+    return remove
+
+
+def cases(small: Path, large: Path, out: Path) -> list[dict]:
+    exe = _fullece()
+    cases = [
+        {
+            "name": "aggregate, small run",
+            "run": small,
+            "argv": [exe, "aggregate", str(small), "--quiet"],
+            "before": _fresh_tables(small),
+            "restore": lambda: subprocess.run(
+                [exe, "aggregate", str(small), "--quiet"], env=_env(), check=True
+            ),
+        }
+    ]
+    for label, run in (("small", small), ("large", large)):
+        cases += [
+            {"name": f"metrics --json, {label} run", "run": run,
+             "argv": [exe, "metrics", str(run), "--json", "--quiet"]},
+            {"name": f"compare, {label} run", "run": run,
+             "argv": [exe, "compare", str(run), "--json", "--quiet"]},
+            {"name": f"report, {label} run", "run": run,
+             "argv": [exe, "report", str(run), "--out", str(out / f"report-{label}"), "--quiet"],
+             "before": lambda d=out / f"report-{label}": shutil.rmtree(d, ignore_errors=True)},
+        ]  # fmt: skip
+    return cases
+
+
+def measure(cases: list[dict], rounds: int) -> list[dict]:
+    """`rounds` rounds; in each, every case runs right after its baseline."""
+    for case in cases:
+        case["pairs"] = []
+    for r in range(rounds):
+        for case in cases:
+            table = case["run"] / "tables" / "class_bins.parquet"
+            base = timed([sys.executable, "-c", BASELINE.format(path=str(table))])
+            got = timed(case["argv"], case.get("before"))
+            if case.get("restore"):
+                case["restore"]()  # the next baseline reads the tables again
+            case["pairs"].append({"baseline": base, "command": got})
+            print(
+                f"  round {r + 1}: {case['name']:<28} {got['wall_s']:6.2f} s "
+                f"(baseline {base['wall_s']:.2f} s, ratio {got['wall_s'] / base['wall_s']:.2f})",
+                flush=True,
+            )
+    results = []
+    for case in cases:
+        pairs = case["pairs"]
+
+        def best(who, key, pairs=pairs):
+            return min(p[who][key] for p in pairs)
+
+        row = {
+            "command": " ".join(["fullece", *case["argv"][1:]]),
+            "name": case["name"],
+            "positions": json.loads((case["run"] / "manifest.json").read_text())["positions"],
+            "pairs": pairs,
+            "best_wall_s": best("command", "wall_s"),
+            "baseline_best_wall_s": best("baseline", "wall_s"),
+            "best_cpu_s": best("command", "cpu_s"),
+            "baseline_best_cpu_s": best("baseline", "cpu_s"),
+        }
+        row["ratio"] = row["best_wall_s"] / row["baseline_best_wall_s"]
+        row["ratio_cpu"] = row["best_cpu_s"] / row["baseline_best_cpu_s"]
+        row["ratio_median_of_pairs"] = statistics.median(
+            p["command"]["wall_s"] / p["baseline"]["wall_s"] for p in pairs
+        )
+        row["target"] = 3.0
+        results.append(row)
+    return results
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_commands", description=__doc__)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--quick", action="store_true", help="a 50,000-position large run, 2 rounds")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5)")
+    ap.add_argument("--data", type=Path, default=None, help="where the runs are built (kept)")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rounds = args.rounds or (2 if args.quick else 5)
+    large_n = QUICK_LARGE if args.quick else LARGE
+    data = args.data or Path(tempfile.mkdtemp(prefix="fullece-bench-commands-"))
+    try:
+        small = make_topk_run(data / "small", SMALL, K, KEPT, shard_rows=SMALL)
+        large = make_topk_run(data / f"large-{large_n}", large_n, K, KEPT, shard_rows=large_n // 2)
+        for run in (small, large):
+            subprocess.run([_fullece(), "aggregate", str(run), "--quiet"], env=_env(), check=True)
+        print(
+            f"whole processes, PYTHONDONTWRITEBYTECODE=1, {rounds} interleaved rounds; "
+            "baseline: python -c 'import duckdb, pyarrow; pq.read_table(class_bins)'"
+        )
+        results = measure(cases(small, large, data), rounds)
+    finally:
+        if args.data is None:
+            shutil.rmtree(data, ignore_errors=True)
+    print(f"\n{'command':<30} {'positions':>9} {'best s':>7} {'baseline':>8} {'ratio':>6} "
+          f"{'median':>6} {'cpu ratio':>9}  target")  # fmt: skip
+    for row in results:
+        ok = "met" if row["ratio"] <= row["target"] else "MISSED"
+        print(
+            f"{row['name']:<30} {row['positions']:>9,} {row['best_wall_s']:>7.2f} "
+            f"{row['baseline_best_wall_s']:>8.2f} {row['ratio']:>6.2f} "
+            f"{row['ratio_median_of_pairs']:>6.2f} {row['ratio_cpu']:>9.2f}  <= 3 {ok}"
+        )
+    path = args.out / "commands.json"
+    path.write_text(
+        json.dumps(
+            {
+                "what": "whole-process wall time of each command / a bare duckdb+pyarrow "
+                "process reading one table, interleaved, PYTHONDONTWRITEBYTECODE=1",
+                "baseline": BASELINE,
+                "rounds": rounds,
+                "quick": args.quick,
+                "load_average": os.getloadavg(),
+                "commands": results,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
