@@ -54,6 +54,35 @@ DOC_LEN = 512
 DEFAULT_FINE_BINS_ = 1000
 
 
+def _positions_table(ids, probs, label, label_prob, top, row0, K, *, tail_mass, tail_max):
+    """A positions table of [n, k] kept ids/probabilities (`top`: the column of
+    each row's top-1 entry); documents of DOC_LEN consecutive positions."""
+    n, k = ids.shape
+    rows = np.arange(n)
+    offsets = np.arange(0, n * k + 1, k, dtype=np.int32)
+    return pa.table(
+        {
+            "doc_id": pa.array(((row0 + rows) // DOC_LEN).astype(np.int64)),
+            "window": pa.array(np.zeros(n, np.int32)),
+            "offset": pa.array(((row0 + rows) % DOC_LEN + 1).astype(np.int32)),
+            "label": pa.array(label),
+            "label_prob": pa.array(label_prob),
+            "top1_id": pa.array(ids[rows, top]),
+            "top1_prob": pa.array(probs[rows, top]),
+            "entropy": pa.array(np.ones(n, np.float32)),
+            "kept_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids.ravel())),
+            "kept_probs": pa.ListArray.from_arrays(pa.array(offsets), pa.array(probs.ravel())),
+            "tail_count": pa.array(np.full(n, K - k, np.int32)),
+            "tail_mass": pa.array(tail_mass),
+            "tail_max": pa.array(tail_max),
+            # kept squares + the tail spread evenly (positions v2)
+            "sum_p2": pa.array(
+                np.square(probs, dtype=np.float64).sum(1) + tail_mass**2 / max(K - k, 1)
+            ),
+        }
+    ).cast(POSITIONS)
+
+
 def topk_shard(n, K, k, seed, row0):
     """One synthetic positions table + per-class tail vectors (consistent)."""
     rng = np.random.default_rng(seed)
@@ -74,31 +103,11 @@ def topk_shard(n, K, k, seed, row0):
     probs = np.concatenate([head[:, None], rest], axis=1).astype(np.float32)
     lab_pos = np.minimum(rng.geometric(0.5, n) - 1, k - 1)
     rows = np.arange(n)
-    label = ids[rows, lab_pos]
     tail_mass = np.maximum(1.0 - probs.sum(1, dtype=np.float64), 0.0)
-    offsets = np.arange(0, n * k + 1, k, dtype=np.int32)
-    doc = (row0 + rows) // DOC_LEN
-    table = pa.table(
-        {
-            "doc_id": pa.array(doc.astype(np.int64)),
-            "window": pa.array(np.zeros(n, np.int32)),
-            "offset": pa.array(((row0 + rows) % DOC_LEN + 1).astype(np.int32)),
-            "label": pa.array(label),
-            "label_prob": pa.array(probs[rows, lab_pos]),
-            "top1_id": pa.array(ids[:, 0]),
-            "top1_prob": pa.array(probs[:, 0]),
-            "entropy": pa.array(np.ones(n, np.float32)),
-            "kept_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids.ravel())),
-            "kept_probs": pa.ListArray.from_arrays(pa.array(offsets), pa.array(probs.ravel())),
-            "tail_count": pa.array(np.full(n, K - k, np.int32)),
-            "tail_mass": pa.array(tail_mass),
-            "tail_max": pa.array(np.minimum(probs[:, -1], np.float32(1e-3))),
-            # kept squares + the tail spread evenly (positions v2)
-            "sum_p2": pa.array(
-                np.square(probs, dtype=np.float64).sum(1) + tail_mass**2 / max(K - k, 1)
-            ),
-        }
-    ).cast(POSITIONS)
+    table = _positions_table(
+        ids, probs, ids[rows, lab_pos], probs[rows, lab_pos], 0, row0, K,
+        tail_mass=tail_mass, tail_max=np.minimum(probs[:, -1], np.float32(1e-3)),
+    )  # fmt: skip
     kept_per_class = np.bincount(ids.ravel(), minlength=K)
     tail_count = (n - kept_per_class).astype(np.int64)
     tail_mass_k = tail_count * (tail_mass.sum() / max(tail_count.sum(), 1))
@@ -133,33 +142,12 @@ def zipf_topk_shard(n, K, k, seed, row0, *, zipf=ZIPF_EXPONENT, noise=ZIPF_NOISE
     c = KeptGenerator(K, k, seed, zipf=zipf, noise=noise).chunk(0, n)
     ids = c["kept_ids"].reshape(n, k).astype(np.int32)
     probs = c["kept_probs"].reshape(n, k)
-    rows = np.arange(n)
-    top = probs.argmax(1)
     label = c["labels"].astype(np.int32)
-    label_prob = probs[rows, np.argmax(ids == label[:, None], axis=1)]
-    tail_mass = c["tail_mass"]
-    offsets = np.arange(0, n * k + 1, k, dtype=np.int32)
-    doc = (row0 + rows) // DOC_LEN
-    table = pa.table(
-        {
-            "doc_id": pa.array(doc.astype(np.int64)),
-            "window": pa.array(np.zeros(n, np.int32)),
-            "offset": pa.array(((row0 + rows) % DOC_LEN + 1).astype(np.int32)),
-            "label": pa.array(label),
-            "label_prob": pa.array(label_prob),
-            "top1_id": pa.array(ids[rows, top]),
-            "top1_prob": pa.array(probs[rows, top]),
-            "entropy": pa.array(np.ones(n, np.float32)),
-            "kept_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids.ravel())),
-            "kept_probs": pa.ListArray.from_arrays(pa.array(offsets), pa.array(probs.ravel())),
-            "tail_count": pa.array(c["tail_count"].astype(np.int32)),
-            "tail_mass": pa.array(tail_mass),
-            "tail_max": pa.array(c["tail_max"]),
-            "sum_p2": pa.array(
-                np.square(probs, dtype=np.float64).sum(1) + tail_mass**2 / max(K - k, 1)
-            ),
-        }
-    ).cast(POSITIONS)
+    label_prob = probs[np.arange(n), np.argmax(ids == label[:, None], axis=1)]
+    table = _positions_table(
+        ids, probs, label, label_prob, probs.argmax(1), row0, K,
+        tail_mass=c["tail_mass"], tail_max=c["tail_max"],
+    )  # fmt: skip
     tail = pa.table(
         {
             "class_id": np.arange(K, dtype=np.int32),
