@@ -557,6 +557,70 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
     return r
 
 
+def grouping_engines(positions: Path, vocab_size: int, repeat: int = 3) -> dict:
+    """The (class, bin) grouping of one shard's kept entries, decoded once:
+    the compiled kernel (every check and all four partial tables, one
+    thread) against DuckDB's GROUP BY and Polars' group_by (without and with
+    the sort the tables need) over an Arrow table of (class, bin, p) binned
+    with numpy; interleaved, best of `repeat`, seconds."""
+    import duckdb
+    import polars as pl
+
+    from pipeline.aggregate.topk_pass import BATCH_ROWS, TopkShardPass
+
+    columns = ["doc_id", "label", "top1_id", "top1_prob", "kept_ids", "kept_probs",
+               "tail_count", "tail_mass", "tail_max"]  # fmt: skip
+    batches = list(pq.ParquetFile(positions).iter_batches(BATCH_ROWS, columns=columns))
+    whole = pa.Table.from_batches(batches)
+    ids = whole.column("kept_ids").combine_chunks().values.to_numpy()
+    probs = whole.column("kept_probs").combine_chunks().values.to_numpy()
+    con = duckdb.connect()
+    con.execute(f"SET threads={os.cpu_count()}")
+
+    def kernel():
+        state = TopkShardPass(vocab_size=vocab_size, fine_bins=DEFAULT_FINE_BINS_)
+        for batch in batches:
+            state.add_batch(batch)
+        return state.tables()["class_bins"]["n"].size
+
+    def keyed():
+        p = probs.astype(np.float64)
+        bins = np.maximum(np.ceil(p * DEFAULT_FINE_BINS_), 1).astype(np.int32)
+        return pa.table({"c": ids, "b": bins, "p": p})
+
+    def duck(order=""):
+        con.register("entries", keyed())
+        sql = f"SELECT c, b, count(*) AS n, sum(p) AS s FROM entries GROUP BY c, b {order}"
+        return con.sql(sql).to_arrow_table().num_rows
+
+    def polars(sort=False):
+        out = pl.from_arrow(keyed()).group_by(["c", "b"]).agg(pl.len(), pl.col("p").sum())
+        return (out.sort(["c", "b"]) if sort else out).height
+
+    fns = {
+        "kernel": kernel,
+        "duckdb": duck,
+        "duckdb_sorted": lambda: duck("ORDER BY c, b"),
+        "polars": polars,
+        "polars_sorted": lambda: polars(True),
+    }
+    groups = duck()
+    times = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    con.close()
+    out = {"kept_entries": int(ids.size), "groups": groups, "seconds_all": times,
+           "seconds_best": {k: min(v) for k, v in times.items()}}  # fmt: skip
+    print(
+        f"grouping engines, {positions.name} ({ids.size / 1e6:.1f}M kept, {groups:,} groups), "
+        f"best of {repeat}: " + ", ".join(f"{k} {v:.2f} s" for k, v in out["seconds_best"].items())
+    )
+    return out
+
+
 def default_experiment_run() -> Path | None:
     """The default experiment's last checkpoint run (`make extract`), if present."""
     runs = sorted((Path(__file__).resolve().parent.parent / "runs").glob("ckpt-*"))
@@ -582,6 +646,9 @@ def bench_realistic(data: Path, s: dict, real: list[Path]) -> dict:
         name = f"synthetic {kind} K={k_vocab:,} {n // rows} x {rows:,} positions, k={k}"
         label = "realistic: Zipf prior, per-position noise" if kind == "zipf" else "few groups"
         out[name] = bench_dataset(name, run, case.get("repeat", s["repeat"]), label)
+        if kind == "zipf" and "grouping_engines" not in out:
+            shard = sorted((run / "shards").glob("positions-*.parquet"))[0]
+            out["grouping_engines"] = grouping_engines(shard, k_vocab)
     return out
 
 

@@ -29,7 +29,7 @@ def test_realistic_section_measures_whole_processes(tmp_path):
     import numpy as np
     import pyarrow.parquet as pq
 
-    from benchmarks.bench_aggregate import bench_dataset, make_topk_run
+    from benchmarks.bench_aggregate import bench_dataset, grouping_engines, make_topk_run
 
     run = make_topk_run(tmp_path / "zipf", 400, 300, 16, shard_rows=200, kind="zipf")
     r = bench_dataset("tiny", run, 1, "test")
@@ -41,6 +41,15 @@ def test_realistic_section_measures_whole_processes(tmp_path):
     assert r["distinct_groups"] == np.unique(ids.astype(np.int64) * 1001 + bins).size
     assert r["seconds_best"]["aggregate"] > 0 and r["ratio_to_plain_scan"]["ratio"] > 0
     assert (run / "tables" / "meta.json").exists()
+    shard = sorted((run / "shards").glob("positions-*.parquet"))[0]
+    engines = grouping_engines(shard, 300, repeat=1)
+    first = pq.read_table(shard)
+    ids = first.column("kept_ids").combine_chunks().values.to_numpy().astype(np.int64)
+    probs = first.column("kept_probs").combine_chunks().values.to_numpy().astype(np.float64)
+    keys = ids * 1001 + np.maximum(np.ceil(probs * 1000), 1).astype(np.int64)
+    assert engines["groups"] == np.unique(keys).size
+    assert set(engines["seconds_best"]) == {"kernel", "duckdb", "duckdb_sorted", "polars",
+                                            "polars_sorted"}  # fmt: skip
 
 
 @pytest.mark.slow
