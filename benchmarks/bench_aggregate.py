@@ -1,12 +1,20 @@
-"""Aggregation benchmarks (issues 4 and 14), ratios measured in the same run.
+"""Aggregation benchmarks (issues 4, 14 and 19), ratios measured in the same run.
 
+0. realistic data (issue 19): real top-k runs (the default experiment's last
+   checkpoint under runs/, data/real32k/run, or --real RUN), Zipf-sampled
+   synthetic runs at K = 32,000 and 128,000 and the "few groups" generator of
+   section 1: per data set its distinct (class, bin) groups per kept entry,
+   and `fullece aggregate` as a whole process (start-up included,
+   PYTHONDONTWRITEBYTECODE=1, peak RSS) interleaved with DuckDB's plain
+   decode-and-sum scan and its GROUP BY class, bin of the kept entries (in
+   this process and as whole processes), and the aggregate in this process.
 1. top-k shards (issue 14: 2 shards x 250,000 positions, K=32,000, 64 kept
    each = 32M kept entries, zstd Parquet): `aggregate` against a plain DuckDB
    scan that decodes and sums every kept id and probability of the same
    files, interleaved, best of 5 (spread reported); target >= 0.3.
 2. full-vocabulary Zarr shards: `aggregate` vs one plain read-and-sum pass
    over the same Zarr data; target >= 0.5.
-3. peak memory (RSS of a fresh process) aggregating 10M positions at
+3. peak memory (RSS of a fresh process) aggregating 10M Zipf-sampled positions at
    K=128,000; target <= 1.5 GB.
 4. scale (docs/performance.md, "Scale"): the map step (shard -> partial
    tables) timed per shard at several shard sizes with pyarrow on one thread
@@ -17,8 +25,10 @@
     python -m benchmarks.bench_aggregate --out DIR [--quick]
 
 Prints the figures and writes DIR/aggregate.json. Synthetic shards are made
-with numpy/pyarrow (Zipf-like class ids, decreasing kept probabilities, the
-label always kept) and cached in DIR/data-v2 between runs.
+with numpy/pyarrow and cached in DIR/data-v2 between runs: "few groups"
+(topk_shard: each position's kept ids a window of consecutive ids, rank j an
+almost fixed probability) and "zipf" (zipf_topk_shard: ids from a Zipf prior,
+probabilities with per-position lognormal noise); the label is always kept.
 """
 
 from __future__ import annotations
@@ -41,6 +51,36 @@ from pipeline.store.schema import CLASS_TAIL, POSITIONS
 
 SHARD_ROWS = 500_000
 DOC_LEN = 512
+DEFAULT_FINE_BINS_ = 1000
+
+
+def _positions_table(ids, probs, label, label_prob, top, row0, K, *, tail_mass, tail_max):
+    """A positions table of [n, k] kept ids/probabilities (`top`: the column of
+    each row's top-1 entry); documents of DOC_LEN consecutive positions."""
+    n, k = ids.shape
+    rows = np.arange(n)
+    offsets = np.arange(0, n * k + 1, k, dtype=np.int32)
+    return pa.table(
+        {
+            "doc_id": pa.array(((row0 + rows) // DOC_LEN).astype(np.int64)),
+            "window": pa.array(np.zeros(n, np.int32)),
+            "offset": pa.array(((row0 + rows) % DOC_LEN + 1).astype(np.int32)),
+            "label": pa.array(label),
+            "label_prob": pa.array(label_prob),
+            "top1_id": pa.array(ids[rows, top]),
+            "top1_prob": pa.array(probs[rows, top]),
+            "entropy": pa.array(np.ones(n, np.float32)),
+            "kept_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids.ravel())),
+            "kept_probs": pa.ListArray.from_arrays(pa.array(offsets), pa.array(probs.ravel())),
+            "tail_count": pa.array(np.full(n, K - k, np.int32)),
+            "tail_mass": pa.array(tail_mass),
+            "tail_max": pa.array(tail_max),
+            # kept squares + the tail spread evenly (positions v2)
+            "sum_p2": pa.array(
+                np.square(probs, dtype=np.float64).sum(1) + tail_mass**2 / max(K - k, 1)
+            ),
+        }
+    ).cast(POSITIONS)
 
 
 def topk_shard(n, K, k, seed, row0):
@@ -63,31 +103,11 @@ def topk_shard(n, K, k, seed, row0):
     probs = np.concatenate([head[:, None], rest], axis=1).astype(np.float32)
     lab_pos = np.minimum(rng.geometric(0.5, n) - 1, k - 1)
     rows = np.arange(n)
-    label = ids[rows, lab_pos]
     tail_mass = np.maximum(1.0 - probs.sum(1, dtype=np.float64), 0.0)
-    offsets = np.arange(0, n * k + 1, k, dtype=np.int32)
-    doc = (row0 + rows) // DOC_LEN
-    table = pa.table(
-        {
-            "doc_id": pa.array(doc.astype(np.int64)),
-            "window": pa.array(np.zeros(n, np.int32)),
-            "offset": pa.array(((row0 + rows) % DOC_LEN + 1).astype(np.int32)),
-            "label": pa.array(label),
-            "label_prob": pa.array(probs[rows, lab_pos]),
-            "top1_id": pa.array(ids[:, 0]),
-            "top1_prob": pa.array(probs[:, 0]),
-            "entropy": pa.array(np.ones(n, np.float32)),
-            "kept_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids.ravel())),
-            "kept_probs": pa.ListArray.from_arrays(pa.array(offsets), pa.array(probs.ravel())),
-            "tail_count": pa.array(np.full(n, K - k, np.int32)),
-            "tail_mass": pa.array(tail_mass),
-            "tail_max": pa.array(np.minimum(probs[:, -1], np.float32(1e-3))),
-            # kept squares + the tail spread evenly (positions v2)
-            "sum_p2": pa.array(
-                np.square(probs, dtype=np.float64).sum(1) + tail_mass**2 / max(K - k, 1)
-            ),
-        }
-    ).cast(POSITIONS)
+    table = _positions_table(
+        ids, probs, ids[rows, lab_pos], probs[rows, lab_pos], 0, row0, K,
+        tail_mass=tail_mass, tail_max=np.minimum(probs[:, -1], np.float32(1e-3)),
+    )  # fmt: skip
     kept_per_class = np.bincount(ids.ravel(), minlength=K)
     tail_count = (n - kept_per_class).astype(np.int64)
     tail_mass_k = tail_count * (tail_mass.sum() / max(tail_count.sum(), 1))
@@ -102,15 +122,78 @@ def topk_shard(n, K, k, seed, row0):
     return table, tail
 
 
-def make_topk_run(run_dir: Path, n: int, K: int, k: int, shard_rows: int = SHARD_ROWS) -> Path:
+# the realistic generator's defaults: Zipf exponent of the id prior and the
+# sigma of the per-position lognormal noise; 1.0 and 2.5 give 1.1% distinct
+# (class, bin) groups per kept entry at 500,000 positions, K = 32,000 (2.4% at
+# 130,000), against 0.5% for the default experiment's K = 4,096 run; not yet
+# matched to a K = 32,000 real run (benchmarks/README.md, "Data generators")
+ZIPF_EXPONENT = 1.0
+ZIPF_NOISE = 2.5
+
+
+def zipf_topk_shard(n, K, k, seed, row0, *, zipf=ZIPF_EXPONENT, noise=ZIPF_NOISE):
+    """One positions table + per-class tail vectors sampled from a realistic
+    distribution: per position, k distinct ids from a Zipf(`zipf`) prior over
+    K, probabilities prior x lognormal(0, `noise`) scaled to 1 - tail mass,
+    the label drawn among the kept ids in proportion to them (calibrated up to
+    sampling noise); benchmarks.bench_core.KeptGenerator states the rest."""
+    from benchmarks.bench_core import KeptGenerator
+
+    c = KeptGenerator(K, k, seed, zipf=zipf, noise=noise).chunk(0, n)
+    ids = c["kept_ids"].reshape(n, k).astype(np.int32)
+    probs = c["kept_probs"].reshape(n, k)
+    label = c["labels"].astype(np.int32)
+    label_prob = probs[np.arange(n), np.argmax(ids == label[:, None], axis=1)]
+    table = _positions_table(
+        ids, probs, label, label_prob, probs.argmax(1), row0, K,
+        tail_mass=c["tail_mass"], tail_max=c["tail_max"],
+    )  # fmt: skip
+    tail = pa.table(
+        {
+            "class_id": np.arange(K, dtype=np.int32),
+            "tail_count": c["class_tail_count"].astype(np.int64),
+            "tail_mass": c["class_tail_mass"],
+        },
+        schema=CLASS_TAIL,
+    )
+    return table, tail, float(c["tail_max"].max())
+
+
+GENERATORS = ("few_groups", "zipf")
+
+
+def make_topk_run(
+    run_dir: Path,
+    n: int,
+    K: int,
+    k: int,
+    shard_rows: int = SHARD_ROWS,
+    kind: str = "few_groups",
+    *,
+    zipf: float = ZIPF_EXPONENT,
+    noise: float = ZIPF_NOISE,
+) -> Path:
+    """A synthetic top-k run: `kind` "few_groups" (topk_shard: windows of
+    consecutive ids, few distinct (class, bin) groups) or "zipf"
+    (zipf_topk_shard: realistic, many groups)."""
     if (run_dir / "manifest.json").exists():
         return run_dir
+    if kind not in GENERATORS:
+        raise ValueError(f"kind must be one of {GENERATORS}")
     shutil.rmtree(run_dir, ignore_errors=True)
     (run_dir / "shards").mkdir(parents=True)
     shards = []
+    run_tail_max = 0.0
     for index, start in enumerate(range(0, n, shard_rows)):
         rows = min(shard_rows, n - start)
-        table, tail = topk_shard(rows, K, k, seed=index, row0=start)
+        if kind == "zipf":
+            table, tail, shard_tail_max = zipf_topk_shard(
+                rows, K, k, seed=index, row0=start, zipf=zipf, noise=noise
+            )
+        else:
+            table, tail = topk_shard(rows, K, k, seed=index, row0=start)
+            shard_tail_max = 1e-3
+        run_tail_max = max(run_tail_max, shard_tail_max)
         names = {
             "positions": f"shards/positions-{index:05d}.parquet",
             "class_tail": f"shards/class_tail-{index:05d}.parquet",
@@ -123,13 +206,13 @@ def make_topk_run(run_dir: Path, n: int, K: int, k: int, shard_rows: int = SHARD
             {
                 "index": index,
                 "rows": rows,
-                "tail_max": 1e-3,
+                "tail_max": shard_tail_max,
                 **names,
                 "logits": None,
                 "files": {rel: path_sha256(run_dir / rel) for rel in names.values()},
             }
         )
-    _manifest(run_dir, "topk", K, shards, n, 1e-3, k=k, shard_rows=shard_rows)
+    _manifest(run_dir, "topk", K, shards, n, run_tail_max, k=k, shard_rows=shard_rows)
     return run_dir
 
 
@@ -317,6 +400,260 @@ def peak_memory(run_dir: Path, memory_limit: str) -> dict:
     return {"peak_rss_bytes": int(out[0]) * 1024, "seconds": float(out[1])}
 
 
+# ---- realistic data (issue 19): whole processes, DuckDB baselines, groups ----
+
+
+def _kept_entries_sql(run_dir: Path) -> str:
+    files = sorted(str(p) for p in (run_dir / "shards").glob("positions-*.parquet"))
+    lst = ", ".join(f"'{f}'" for f in files)
+    return f"SELECT unnest(kept_ids) AS c, unnest(kept_probs) AS p FROM read_parquet([{lst}])"
+
+
+def _plain_scan_sql(run_dir: Path) -> str:
+    return f"SELECT sum(c), sum(CAST(p AS DOUBLE)) FROM ({_kept_entries_sql(run_dir)})"
+
+
+def _group_by_sql(run_dir: Path, fine_bins: int) -> str:
+    """DuckDB's own class_bins of the kept entries (GROUP BY class, fine bin),
+    summarised so that every group's count and sum is computed."""
+    return (
+        "SELECT count(*) AS groups, sum(n) AS entries, sum(p_sum) FROM ("
+        f"SELECT c, greatest(ceil(CAST(p AS DOUBLE) * {fine_bins}), 1) AS b, "
+        f"count(*) AS n, sum(CAST(p AS DOUBLE)) AS p_sum FROM ({_kept_entries_sql(run_dir)}) "
+        "GROUP BY c, b)"
+    )
+
+
+def _duckdb_query(sql: str) -> tuple[float, tuple]:
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute(f"SET threads={os.cpu_count()}")
+    t0 = time.perf_counter()
+    row = con.execute(sql).fetchone()
+    dt = time.perf_counter() - t0
+    con.close()
+    return dt, row
+
+
+def group_stats(run_dir: Path, fine_bins: int = DEFAULT_FINE_BINS_) -> dict:
+    """Positions, kept entries and distinct (class, fine bin) groups of a run's
+    kept entries (counted by DuckDB), and groups per kept entry."""
+    _, (groups, entries, _) = _duckdb_query(_group_by_sql(run_dir, fine_bins))
+    positions = json.loads((run_dir / "manifest.json").read_text())["positions"]
+    return {
+        "positions": positions,
+        "kept_entries": int(entries),
+        "distinct_groups": int(groups),
+        "groups_per_kept_entry": groups / entries,
+    }
+
+
+def _fullece() -> list[str]:
+    script = Path(sys.executable).with_name("fullece")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "pipeline.cli"]
+
+
+def _timed_process(cmd: list[str]) -> dict:
+    """Wall time and peak RSS (/usr/bin/time's maximum resident set) of one
+    whole process, with PYTHONDONTWRITEBYTECODE=1 as users often run it."""
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    timer = ["/usr/bin/time", "-f", "maxrss_kb=%M"] if Path("/usr/bin/time").exists() else []
+    t0 = time.perf_counter()
+    proc = subprocess.run(timer + cmd, capture_output=True, text=True, env=env)
+    dt = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    rss = [ln for ln in proc.stderr.splitlines() if ln.startswith("maxrss_kb=")]
+    return {"seconds": dt, "peak_rss_bytes": int(rss[-1].split("=")[1]) * 1024 if rss else None}
+
+
+def process_aggregate(run_dir: Path, memory_limit: str = "1GB") -> dict:
+    """`fullece aggregate RUN` as a user runs it (fresh tables, start-up included)."""
+    _fresh(run_dir)
+    return _timed_process(
+        [*_fullece(), "aggregate", str(run_dir), "--quiet", "--memory-limit", memory_limit]
+    )
+
+
+def process_duckdb(sql: str) -> dict:
+    """The same query as a whole process: python + import duckdb + the query."""
+    code = (
+        "import os, duckdb\n"
+        "con = duckdb.connect()\n"
+        "con.execute(f'SET threads={os.cpu_count()}')\n"
+        f"con.execute({sql!r}).fetchall()\n"
+    )
+    return _timed_process([sys.executable, "-c", code])
+
+
+def linked_copy(src: Path, dst: Path) -> Path:
+    """A copy of a real run whose shard files are hard links (its tables are
+    left alone: the benchmark removes and rebuilds dst's)."""
+    if not (dst / "manifest.json").exists():
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst, copy_function=os.link, ignore=shutil.ignore_patterns("tables"))
+    return dst
+
+
+def _best_spread(times: list[float], base: list[float]) -> dict:
+    return {
+        "ratio": min(base) / min(times),
+        "spread": [min(base) / max(times), max(base) / min(times)],
+    }
+
+
+def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
+    """Interleaved, `repeat` times: `fullece aggregate` as a whole process, the
+    plain DuckDB decode-and-sum scan and DuckDB's GROUP BY class, bin (both
+    timed in-process, query only, and as whole processes)."""
+    stats = group_stats(run_dir)
+    sql_scan, sql_group = _plain_scan_sql(run_dir), _group_by_sql(run_dir, DEFAULT_FINE_BINS_)
+    process_aggregate(run_dir)  # warm: page cache, numba's on-disk cache
+    timed_aggregate(run_dir)  # and this process's kernels
+    names = ("aggregate", "aggregate_in_process", "scan", "group_by", "scan_process",
+             "group_by_process")  # fmt: skip
+    runs = {k: [] for k in names}
+    rss = []
+    for _ in range(repeat):
+        a = process_aggregate(run_dir)
+        runs["aggregate"].append(a["seconds"])
+        rss.append(a["peak_rss_bytes"])
+        runs["aggregate_in_process"].append(timed_aggregate(run_dir))
+        runs["scan"].append(_duckdb_query(sql_scan)[0])
+        runs["group_by"].append(_duckdb_query(sql_group)[0])
+        runs["scan_process"].append(process_duckdb(sql_scan)["seconds"])
+        runs["group_by_process"].append(process_duckdb(sql_group)["seconds"])
+    best = {k: min(v) for k, v in runs.items()}
+    r = {
+        "what": what,
+        **stats,
+        "seconds_best": best,
+        "seconds_all": runs,
+        "aggregate_peak_rss_bytes": max(x for x in rss if x) if any(rss) else None,
+        "ratio_to_plain_scan": _best_spread(runs["aggregate"], runs["scan"]),
+        "ratio_to_group_by": _best_spread(runs["aggregate"], runs["group_by"]),
+        "ratio_to_plain_scan_process": _best_spread(runs["aggregate"], runs["scan_process"]),
+        # the aggregation alone (no start-up: imports and numba's kernels loaded)
+        "ratio_in_process_to_plain_scan": _best_spread(runs["aggregate_in_process"], runs["scan"]),
+        "target_ratio_to_plain_scan": 0.3,
+    }
+    rp = r["ratio_to_plain_scan"]
+    print(
+        f"{name}: {stats['positions']:,} positions, {stats['kept_entries'] / 1e6:.1f}M kept, "
+        f"{stats['distinct_groups']:,} (class, bin) groups = "
+        f"{100 * stats['groups_per_kept_entry']:.2f}% of kept entries\n"
+        f"  fullece aggregate (process) {best['aggregate']:.2f} s, peak RSS "
+        f"{(r['aggregate_peak_rss_bytes'] or 0) / 1e9:.2f} GB; DuckDB scan {best['scan']:.2f} s "
+        f"(process {best['scan_process']:.2f} s), GROUP BY class, bin {best['group_by']:.2f} s "
+        f"(process {best['group_by_process']:.2f} s)\n"
+        f"  ratio to the plain scan {rp['ratio']:.2f} (spread {rp['spread'][0]:.2f}.."
+        f"{rp['spread'][1]:.2f}; target >= 0.3), to DuckDB's GROUP BY "
+        f"{r['ratio_to_group_by']['ratio']:.2f}, to the scan as a process "
+        f"{r['ratio_to_plain_scan_process']['ratio']:.2f}; aggregate in-process "
+        f"{best['aggregate_in_process']:.2f} s: {r['ratio_in_process_to_plain_scan']['ratio']:.2f}"
+        f" of the scan; best of {repeat} interleaved"
+    )
+    return r
+
+
+def grouping_engines(positions: Path, vocab_size: int, repeat: int = 3) -> dict:
+    """The (class, bin) grouping of one shard's kept entries, decoded once:
+    the compiled kernel (every check and all four partial tables, one
+    thread) against DuckDB's GROUP BY and Polars' group_by (without and with
+    the sort the tables need) over an Arrow table of (class, bin, p) binned
+    with numpy; interleaved, best of `repeat`, seconds."""
+    import duckdb
+    import polars as pl
+
+    from pipeline.aggregate.topk_pass import BATCH_ROWS, TopkShardPass
+
+    columns = ["doc_id", "label", "top1_id", "top1_prob", "kept_ids", "kept_probs",
+               "tail_count", "tail_mass", "tail_max"]  # fmt: skip
+    batches = list(pq.ParquetFile(positions).iter_batches(BATCH_ROWS, columns=columns))
+    whole = pa.Table.from_batches(batches)
+    ids = whole.column("kept_ids").combine_chunks().values.to_numpy()
+    probs = whole.column("kept_probs").combine_chunks().values.to_numpy()
+    con = duckdb.connect()
+    con.execute(f"SET threads={os.cpu_count()}")
+
+    def kernel():
+        state = TopkShardPass(vocab_size=vocab_size, fine_bins=DEFAULT_FINE_BINS_)
+        for batch in batches:
+            state.add_batch(batch)
+        return state.tables()["class_bins"]["n"].size
+
+    def keyed():
+        p = probs.astype(np.float64)
+        bins = np.maximum(np.ceil(p * DEFAULT_FINE_BINS_), 1).astype(np.int32)
+        return pa.table({"c": ids, "b": bins, "p": p})
+
+    def duck(order=""):
+        con.register("entries", keyed())
+        sql = f"SELECT c, b, count(*) AS n, sum(p) AS s FROM entries GROUP BY c, b {order}"
+        return con.sql(sql).to_arrow_table().num_rows
+
+    def polars(sort=False):
+        out = pl.from_arrow(keyed()).group_by(["c", "b"]).agg(pl.len(), pl.col("p").sum())
+        return (out.sort(["c", "b"]) if sort else out).height
+
+    fns = {
+        "kernel": kernel,
+        "duckdb": duck,
+        "duckdb_sorted": lambda: duck("ORDER BY c, b"),
+        "polars": polars,
+        "polars_sorted": lambda: polars(True),
+    }
+    for fn in fns.values():
+        fn()  # warm (the kernels loaded, first-touch of the buffers)
+    groups = duck()
+    times = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    con.close()
+    out = {"kept_entries": int(ids.size), "groups": groups, "seconds_all": times,
+           "seconds_best": {k: min(v) for k, v in times.items()}}  # fmt: skip
+    print(
+        f"grouping engines, {positions.name} ({ids.size / 1e6:.1f}M kept, {groups:,} groups), "
+        f"best of {repeat}: " + ", ".join(f"{k} {v:.2f} s" for k, v in out["seconds_best"].items())
+    )
+    return out
+
+
+def default_experiment_run() -> Path | None:
+    """The default experiment's last checkpoint run (`make extract`), if present."""
+    runs = sorted((Path(__file__).resolve().parent.parent / "runs").glob("ckpt-*"))
+    runs = [r for r in runs if (r / "manifest.json").exists()]
+    return runs[-1] if runs else None
+
+
+def bench_realistic(data: Path, s: dict, real: list[Path]) -> dict:
+    """Issue 19's data sets: real runs, Zipf-sampled synthetic runs at K =
+    32,000 and 128,000, and the few-groups generator, each timed by
+    bench_dataset."""
+    out = {}
+    for src in real:
+        name = (
+            f"real {src.name} (K={json.loads((src / 'manifest.json').read_text())['vocab_size']:,})"
+        )
+        copy = linked_copy(src, data / f"real-{src.resolve().parent.name}-{src.name}")
+        out[name] = bench_dataset(name, copy, s["repeat"], f"real run {src}")
+    for case in s["synthetic"]:
+        kind, n, rows, k_vocab, k = (case[x] for x in ("kind", "positions", "shard_rows", "K", "k"))
+        tag = f"zipf{ZIPF_EXPONENT}-{ZIPF_NOISE}" if kind == "zipf" else kind
+        run = make_topk_run(data / f"{tag}-{k_vocab}-{n}-{rows}", n, k_vocab, k, rows, kind)
+        name = f"synthetic {kind} K={k_vocab:,} {n // rows} x {rows:,} positions, k={k}"
+        label = "realistic: Zipf prior, per-position noise" if kind == "zipf" else "few groups"
+        out[name] = bench_dataset(name, run, case.get("repeat", s["repeat"]), label)
+        if kind == "zipf" and "grouping_engines" not in out:
+            shard = sorted((run / "shards").glob("positions-*.parquet"))[0]
+            out["grouping_engines"] = grouping_engines(shard, k_vocab)
+    return out
+
+
 def time_map(run_dir: Path) -> list[float]:
     """Seconds of the map step per shard (one thread: pyarrow and the kernel)."""
     import pyarrow
@@ -334,9 +671,6 @@ def time_map(run_dir: Path) -> list[float]:
             times.append(time.perf_counter() - t0)
     pyarrow.set_cpu_count(os.cpu_count() or 1)
     return times
-
-
-DEFAULT_FINE_BINS_ = 1000
 
 
 def linked_run(src: Path, dst: Path, shards: int) -> Path:
@@ -449,7 +783,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
-    ap.add_argument("--skip", default="", help="comma list of: topk,full,memory,scale")
+    ap.add_argument("--skip", default="", help="comma list of: realistic,topk,full,memory,scale")
+    ap.add_argument(
+        "--real",
+        type=Path,
+        action="append",
+        default=None,
+        help="a real top-k run to measure (repeatable; default: the default experiment's "
+        "last checkpoint under runs/ and data/real32k/run when present)",
+    )
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     q = args.quick
@@ -461,7 +803,37 @@ def main(argv=None):
             "k": 64,
         },
         "full": {"positions": 4_096 if q else 32_768, "K": 32_000, "dtype": "float16"},
-        "memory": {"positions": 1_000_000 if q else 10_000_000, "K": 128_000, "k": 32},
+        "memory": {
+            "positions": 1_000_000 if q else 10_000_000,
+            "K": 128_000,
+            "k": 32,
+            "kind": "zipf",
+        },
+        "realistic": {
+            "repeat": 3 if q else 5,
+            "synthetic": [
+                {"kind": "zipf", "positions": 50_000, "shard_rows": 25_000, "K": 32_000, "k": 64}
+            ]
+            if q
+            else [
+                {
+                    "kind": "few_groups",
+                    "positions": 500_000,
+                    "shard_rows": 250_000,
+                    "K": 32_000,
+                    "k": 64,
+                },
+                {"kind": "zipf", "positions": 500_000, "shard_rows": 250_000, "K": 32_000, "k": 64},
+                {
+                    "kind": "zipf",
+                    "positions": 1_000_000,
+                    "shard_rows": 250_000,
+                    "K": 128_000,
+                    "k": 64,
+                    "repeat": 3,
+                },
+            ],
+        },
         "scale": {
             "K": 32_000,
             "k": 64,
@@ -476,6 +848,14 @@ def main(argv=None):
     )  # v2: no generated row sums past 1 (cached runs of v1 are not reused)
     data.mkdir(parents=True, exist_ok=True)
     result = {"quick": q, "cpus": os.cpu_count(), "sizes": sizes}
+
+    if "realistic" not in skip:
+        real = args.real
+        if real is None:
+            root = Path(__file__).resolve().parent.parent
+            real = [r for r in (default_experiment_run(), root / "data/real32k/run") if r]
+            real = [r for r in real if (r / "manifest.json").exists()]
+        result["realistic"] = bench_realistic(data, sizes["realistic"], real)
 
     if "topk" not in skip:
         s = sizes["topk"]
@@ -558,7 +938,13 @@ def main(argv=None):
     if "memory" not in skip:
         s = sizes["memory"]
         t0 = time.perf_counter()
-        run = make_topk_run(data / f"mem-{s['positions']}", s["positions"], s["K"], s["k"])
+        run = make_topk_run(
+            data / f"mem-{s['kind']}{ZIPF_EXPONENT}-{ZIPF_NOISE}-{s['positions']}",
+            s["positions"],
+            s["K"],
+            s["k"],
+            kind=s["kind"],
+        )
         gen = time.perf_counter() - t0
         m = peak_memory(run, "1GB")
         r = {

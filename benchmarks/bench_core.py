@@ -112,7 +112,7 @@ class KeptGenerator:
 
     Per position: ``kept`` distinct class ids drawn from a Zipf(1.1) prior over
     K (duplicates redrawn uniformly), kept probabilities proportional to
-    prior * lognormal(0, 1.5) scaled to 1 - tail_mass, tail_mass ~ U(0.002,
+    prior * lognormal(0, noise) (noise 1.5 by default) scaled to 1 - tail_mass, tail_mass ~ U(0.002,
     0.05), the label drawn among the kept ids in proportion to their
     probabilities. The tail mass is spread over the K - kept other classes in
     proportion to the prior, which gives the per-class tail vectors exactly
@@ -120,8 +120,8 @@ class KeptGenerator:
     class not kept, capped at the row's smallest kept probability).
     """
 
-    def __init__(self, vocab: int, kept: int, seed: int, zipf: float = 1.1):
-        self.vocab, self.kept, self.seed = vocab, kept, seed
+    def __init__(self, vocab: int, kept: int, seed: int, zipf: float = 1.1, noise: float = 1.5):
+        self.vocab, self.kept, self.seed, self.noise = vocab, kept, seed, noise
         w = 1.0 / np.arange(1, vocab + 1, dtype=np.float64) ** zipf
         self.prior = w / w.sum()
         self.cdf = np.cumsum(self.prior)
@@ -141,7 +141,7 @@ class KeptGenerator:
             ids[dup] = rng.integers(0, k, count)
         prior_kept = self.prior[ids]
         tail_mass = rng.uniform(0.002, 0.05, n)
-        g = np.log(prior_kept) + 1.5 * rng.standard_normal((n, kept))
+        g = np.log(prior_kept) + self.noise * rng.standard_normal((n, kept))
         g -= g.max(axis=1, keepdims=True)
         e = np.exp(g)
         e *= ((1.0 - tail_mass) / e.sum(axis=1))[:, None]

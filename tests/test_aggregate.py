@@ -272,3 +272,15 @@ def test_parallel_map_error_names_its_shard(tmp_path, case, monkeypatch):
     _force_map_workers(monkeypatch, 3)
     with pytest.raises(AggregateError, match="positions-00003.parquet: row 0: kept probability"):
         aggregate([run], progress=False)
+
+
+def test_duckdb_reduce_gets_the_memory_this_process_does_not_hold():
+    """--memory-limit bounds the whole process: DuckDB's reduce is given the
+    limit less this process's resident memory (at least 16MB)."""
+    from pipeline.aggregate.executor import _resident_bytes, duckdb_memory_limit, limit_bytes
+
+    resident = _resident_bytes()
+    assert resident and resident > 10**6
+    given = limit_bytes(duckdb_memory_limit("64GB"))
+    assert abs(given - (64 * 10**9 - resident)) < 64 * 10**6  # resident may move a little
+    assert duckdb_memory_limit("16MB") == "16MB"  # never below DuckDB's minimum

@@ -15,11 +15,41 @@ def test_generated_runs_are_valid_and_aggregate(tmp_path):
     from benchmarks.bench_aggregate import make_full_run, make_topk_run
 
     topk = make_topk_run(tmp_path / "topk", 600, 300, 64, shard_rows=200)
+    zipf = make_topk_run(tmp_path / "zipf", 600, 300, 64, shard_rows=200, kind="zipf")
     full = make_full_run(tmp_path / "full", 64, 300)
-    for run in (topk, full):
+    for run in (topk, zipf, full):
         assert find_problems(run, first_only=False, tables=False) == [], run
         tables = aggregate_runs([run])
         assert tables.positions == json.loads((run / "manifest.json").read_text())["positions"]
+
+
+def test_realistic_section_measures_whole_processes(tmp_path):
+    """bench_aggregate's issue-19 section on a tiny Zipf run: every figure is
+    there and the distinct-groups count is DuckDB's (checked against numpy)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from benchmarks.bench_aggregate import bench_dataset, grouping_engines, make_topk_run
+
+    run = make_topk_run(tmp_path / "zipf", 400, 300, 16, shard_rows=200, kind="zipf")
+    r = bench_dataset("tiny", run, 1, "test")
+    table = pq.read_table(sorted((run / "shards").glob("positions-*.parquet")))
+    ids = table.column("kept_ids").combine_chunks().values.to_numpy()
+    probs = table.column("kept_probs").combine_chunks().values.to_numpy()
+    bins = np.maximum(np.ceil(probs.astype(np.float64) * 1000), 1).astype(np.int64)
+    assert r["kept_entries"] == ids.size == 400 * 16
+    assert r["distinct_groups"] == np.unique(ids.astype(np.int64) * 1001 + bins).size
+    assert r["seconds_best"]["aggregate"] > 0 and r["ratio_to_plain_scan"]["ratio"] > 0
+    assert (run / "tables" / "meta.json").exists()
+    shard = sorted((run / "shards").glob("positions-*.parquet"))[0]
+    engines = grouping_engines(shard, 300, repeat=1)
+    first = pq.read_table(shard)
+    ids = first.column("kept_ids").combine_chunks().values.to_numpy().astype(np.int64)
+    probs = first.column("kept_probs").combine_chunks().values.to_numpy().astype(np.float64)
+    keys = ids * 1001 + np.maximum(np.ceil(probs * 1000), 1).astype(np.int64)
+    assert engines["groups"] == np.unique(keys).size
+    assert set(engines["seconds_best"]) == {"kernel", "duckdb", "duckdb_sorted", "polars",
+                                            "polars_sorted"}  # fmt: skip
 
 
 @pytest.mark.slow

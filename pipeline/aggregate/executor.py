@@ -515,7 +515,7 @@ def _reduce(
 
     def connect():
         nonlocal con
-        con = con or _connect(memory_limit, temp_dir)
+        con = con or _connect(duckdb_memory_limit(memory_limit), temp_dir)
         return con
 
     if reduce_engine(rows, memory_limit) == "memory":
@@ -554,6 +554,27 @@ def _reduce(
     meta.update(tail_meta)
     tablestore.write_meta(out, meta)  # last: marks the tables complete
     return tablestore.read_meta(out)
+
+
+def _resident_bytes() -> int | None:
+    """This process's resident memory now (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def duckdb_memory_limit(memory_limit: str) -> str:
+    """DuckDB's share of `memory_limit`: what this process does not already
+    hold, at least 16MB: the whole process, not DuckDB alone, then stays near
+    the limit, and DuckDB spills the rest to disk (measured at 10M positions,
+    K = 128,000: peak 1.36 GB with DuckDB given all of 1GB on top of the
+    ~0.4 GB the process holds after the map step, 1.02 GB now)."""
+    budget, resident = limit_bytes(memory_limit), _resident_bytes()
+    if budget is None or resident is None:
+        return memory_limit
+    return f"{max(budget - resident, _MIN_MEMORY_LIMIT) // 10**6}MB"
 
 
 def memory_rows(memory_limit: str) -> int:
