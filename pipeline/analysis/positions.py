@@ -184,9 +184,9 @@ def scan_run(run_dir, *, progress: bool = False) -> PositionScan:
     scan = PositionScan()
     bar = None
     if progress:
-        from tqdm import tqdm
+        from pipeline.progress import progress_bar
 
-        bar = tqdm(total=sum(s.rows for s in run.shards), unit="pos", desc="positions")
+        bar = progress_bar("positions", total=sum(s.rows for s in run.shards))
     for shard in run.shards:
         if shard.rows == 0:
             continue

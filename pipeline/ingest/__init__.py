@@ -15,7 +15,6 @@ cw-ECE is reported as an interval. No torch here.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from pipeline.ingest.convert import DEFAULT_SUM_TOLERANCE, EntryBatch, IngestError
@@ -62,7 +61,7 @@ def vocab_size_from_model(model_dir) -> tuple[int, dict]:
 def _run_import(
     kind, reader, files, out, vocab_size, label, model, sum_tolerance, shard_positions, progress
 ):
-    from tqdm import tqdm
+    from pipeline.progress import progress_bar
 
     out = Path(out)
     if vocab_size is None or int(vocab_size) < 1:
@@ -86,14 +85,7 @@ def _run_import(
             sum_tolerance=sum_tolerance,
             shard_positions=shard_positions,
         ) as writer,
-        tqdm(
-            desc=f"import {kind}",
-            unit="pos",
-            unit_scale=True,
-            file=sys.stderr,
-            disable=not progress,
-            leave=False,
-        ) as bar,
+        progress_bar(f"import {kind}", enabled=progress, leave=False) as bar,
     ):
         # batches no larger than a shard, so shards close near shard_positions
         batch_positions = max(1, min(shard_positions, 16384))
