@@ -192,26 +192,35 @@ COMMANDS = {
 }
 
 
+def _run_command(tmp_path, command, tag, switch=None) -> str:
+    case = dense_case(n=300)
+    fields = {"topk": tmp_path / f"topk{tag}", "full": tmp_path / f"full{tag}"}
+    fields["out"] = tmp_path / f"report{tag}"
+    write_run(fields["topk"], case, store="topk")
+    write_run(fields["full"], case, store="full")
+    args = [a.format(**fields) for a in COMMANDS[command][0]]
+    env = switch if isinstance(switch, dict) else None
+    args = [switch, *args] if isinstance(switch, str) else args
+    return _stderr_of(args, tmp_path, env, name=f"err{tag}.txt")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_commands_write_plain_lines_to_a_log_file(tmp_path, command):
-    case = dense_case(n=300)
-    template, bars = COMMANDS[command]
-    texts = []
-    for i, switch in enumerate((None, {"FULLECE_PROGRESS": "0"}, "--no-progress")):
-        fields = {"topk": tmp_path / f"topk{i}", "full": tmp_path / f"full{i}"}
-        fields["out"] = tmp_path / f"report{i}"
-        write_run(fields["topk"], case, store="topk")
-        write_run(fields["full"], case, store="full")
-        args = [a.format(**fields) for a in template]
-        env = switch if isinstance(switch, dict) else None
-        args = [switch, *args] if isinstance(switch, str) else args
-        texts.append(_stderr_of(args, tmp_path, env, name=f"err{i}.txt"))
-    seen = _progress_lines(texts[0])
-    assert set(seen) == set(bars), texts[0]
+    text = _run_command(tmp_path, command, "on")
+    seen = _progress_lines(text)
+    bars = COMMANDS[command][1]
+    assert set(seen) == set(bars), text
     for name, count in bars.items():
         dones = seen[name][1]
-        assert len(dones) == count if count else len(dones) >= 1, (name, texts[0])
-        assert all(d == case.n for d in dones)  # every bar counted every position
-    # switched off (environment, then the global option): no progress at all
-    for text in texts[1:]:
+        assert len(dones) == count if count else len(dones) >= 1, (name, text)
+        assert all(d == 300 for d in dones)  # every bar counted every position
+
+
+@pytest.mark.slow
+def test_progress_switched_off(tmp_path):
+    """FULLECE_PROGRESS=0, then the global --no-progress: no progress at all."""
+    for tag, switch in (("env", {"FULLECE_PROGRESS": "0"}), ("flag", "--no-progress")):
+        text = _run_command(tmp_path, "metrics", tag, switch)
         assert _progress_lines(text) == {}, text
+        assert "fullece: aggregating" in text  # the notice still shows: only progress is off
