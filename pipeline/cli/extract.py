@@ -129,8 +129,13 @@ def extract(
 
     require_extract_extra("extract")
     from pipeline.extract.dist import env_world, exit_process
+    from pipeline.extract.errors import ExtractError
 
-    if env_world()[1] == 1:
+    try:
+        world = env_world()[1]
+    except ExtractError as err:
+        raise click.ClickException(str(err)) from err
+    if world == 1:
         _extract(**params)
         return
     # a torchrun rank: its exit status is the job's verdict, so it ends without
