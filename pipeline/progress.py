@@ -42,8 +42,9 @@ def progress_bar(
 ):
     """A named progress bar: tqdm on a terminal, plain lines otherwise, or nothing.
 
-    The object has ``update(n)``, ``close()``, a settable ``total`` (then
-    ``refresh()``) and works as a context manager, whichever kind it is.
+    The object has ``update(n)``, ``set_postfix_str(text)`` (shown after the
+    counts), ``close()``, a settable ``total`` (then ``refresh()``) and works
+    as a context manager, whichever kind it is.
     """
     if not desc:
         raise ValueError("a progress bar needs a name (desc)")
@@ -86,6 +87,9 @@ class _Bar:
     def refresh(self) -> None:
         pass
 
+    def set_postfix_str(self, text: str = "", refresh: bool = True) -> None:
+        self.postfix = str(text)
+
 
 class NoProgress(_Bar):
     """Progress turned off: counts, prints nothing."""
@@ -123,6 +127,7 @@ class LineProgress(_Bar):
         self._every_seconds, self._every_fraction = float(every_seconds), float(every_fraction)
         self._t0 = self._line_t = clock()
         self._closed = False
+        self.postfix = ""
 
     def update(self, n: int = 1) -> None:
         self.n += int(n)
@@ -136,7 +141,7 @@ class LineProgress(_Bar):
         elif since < self._every_fraction * (now - self._t0):
             return
         self._line_t, self._line_n = now, self.n
-        self._write(self.line(now))
+        self._write(self.line(now) + (f", {self.postfix}" if self.postfix else ""))
 
     def line(self, now: float) -> str:
         elapsed = now - self._t0
@@ -159,9 +164,10 @@ class LineProgress(_Bar):
         self._closed = True
         elapsed = self._clock() - self._t0
         rate = (self.n - self._start_n) / elapsed if elapsed > 0 else 0.0
+        postfix = f", {self.postfix}" if self.postfix else ""
         self._write(
             f"{self.desc}: done, {self.n:,} {self.unit} in {_clock_text(elapsed)}, "
-            f"{rate:,.1f} {self.unit}/s"
+            f"{rate:,.1f} {self.unit}/s{postfix}"
         )
 
     def _write(self, text: str) -> None:

@@ -79,6 +79,26 @@ def test_slow_work_prints_every_ten_percent():
     assert lines[10:] == ["work: done, 1,000 pos in 0:16:40, 1.0 pos/s"]
 
 
+def test_postfix_follows_the_counts():
+    clock, out = FakeClock(), io.StringIO()
+    bar = LineProgress("train", total=10, unit="step", stream=out, clock=clock)
+    for step in range(10):
+        clock.now += 10.0
+        bar.set_postfix_str(f"loss {1.0 / (step + 1):.3f}")
+        bar.update(1)
+    bar.close()
+    assert out.getvalue().splitlines() == [
+        "train: 3/10 step (30.0%), 0.1 step/s, elapsed 0:00:30, ETA 0:01:10, loss 0.333",
+        "train: 6/10 step (60.0%), 0.1 step/s, elapsed 0:01:00, ETA 0:00:40, loss 0.167",
+        "train: 9/10 step (90.0%), 0.1 step/s, elapsed 0:01:30, ETA 0:00:10, loss 0.111",
+        "train: done, 10 step in 0:01:40, 0.1 step/s, loss 0.100",
+    ]
+    off = NoProgress(total=10)
+    off.set_postfix_str("x")
+    off.update(1)
+    off.close()
+
+
 def test_rate_counts_only_the_work_of_this_process():
     # a resumed run starts at 500: the rate is of the 500 done here
     lines = _drive(1000, 5, 100, initial=500)
