@@ -182,11 +182,17 @@ def test_torchrun_equals_single_process(setup, tmp_path, store, batch_size, max_
     _assert_same_run(tmp_path / "ref", tmp_path / "run")
 
 
+def _rank_shards(run, rank) -> list:
+    """The shards `rank` has committed ([] before its first commit)."""
+    path = run / "ranks" / f"rank-{rank:05d}.json"
+    return json.loads(path.read_text())["shards"] if path.exists() else []
+
+
 def _committed(run, rank) -> int:
     try:
-        return len(json.loads((run / "ranks" / f"rank-{rank:05d}.json").read_text())["shards"])
+        return len(_rank_shards(run, rank))
     except (OSError, ValueError, KeyError):
-        return 0
+        return 0  # being written
 
 
 @pytest.mark.parametrize("victim", [0, 1])
@@ -219,7 +225,7 @@ def test_killed_rank_and_resume(setup, tmp_path, victim):
     assert not load_manifest(run)["complete"], where
     kept = {}
     for r in (0, 1):
-        for shard in json.loads((run / "ranks" / f"rank-{r:05d}.json").read_text())["shards"]:
+        for shard in _rank_shards(run, r):
             kept[shard["positions"]] = os.stat(run / shard["positions"]).st_ino
     assert len(kept) >= after_shards, where
     done = _torchrun("--no-python", str(FULLECE), *args)
