@@ -59,8 +59,8 @@ def bare_forward_seconds(model_dir, corpus, manifest, device) -> float:
     from pipeline.extract import model as hf
     from pipeline.extract.corpus import iter_documents
     from pipeline.extract.loop import forward_logits
+    from pipeline.extract.plan import batch_group, plan_shards, tokenized
     from pipeline.extract.plan import batches as plan_batches
-    from pipeline.extract.plan import plan_shards, tokenized
 
     s = manifest["settings"]
     lm, _ = hf.load_model(model_dir, device=device, dtype=s["dtype"])
@@ -70,6 +70,7 @@ def bare_forward_seconds(model_dir, corpus, manifest, device) -> float:
         first_index=0,
         first_doc=0,
         shard_positions=s["shard_positions"],
+        group_of=lambda d: batch_group(d, 1, s["batch_size"]),  # one process, slice 0/1
     )
     batches = [
         b["inputs"]

@@ -311,17 +311,9 @@ def parts_root(run: Run, out: Path | None) -> Path:
 
 
 def _progress(total: int, desc: str, enabled: bool):
-    from tqdm import tqdm
+    from pipeline.progress import progress_bar
 
-    return tqdm(
-        total=total,
-        desc=desc,
-        unit="pos",
-        unit_scale=True,
-        file=sys.stderr,
-        disable=not enabled,
-        leave=False,
-    )
+    return progress_bar(desc, total=total, enabled=enabled, leave=False)
 
 
 # Bytes per partial-table row that the in-memory reduce holds at its peak

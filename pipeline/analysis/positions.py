@@ -225,10 +225,9 @@ def _scan_runs(runs, *, progress: bool = False, keep_pairs: bool = True) -> Posi
     scan = PositionScan(keep_pairs)
     bar = None
     if progress:
-        from tqdm import tqdm
+        from pipeline.progress import progress_bar
 
-        total = sum(s.rows for run in runs for s in run.shards)
-        bar = tqdm(total=total, unit="pos", desc="positions")
+        bar = progress_bar("positions", total=sum(s.rows for run in runs for s in run.shards))
     for run, shard in ((r, s) for r in runs for s in r.shards):
         if shard.rows == 0:
             continue

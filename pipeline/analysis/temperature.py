@@ -22,9 +22,9 @@ def _run_blocks(run, progress: bool):
     def blocks():
         bar = None
         if progress:
-            from tqdm import tqdm
+            from pipeline.progress import progress_bar
 
-            bar = tqdm(total=total, unit="pos", desc="temperature pass", leave=False)
+            bar = progress_bar("temperature pass", total=total, leave=False)
         for shard in run.shards:
             if shard.rows == 0:
                 continue

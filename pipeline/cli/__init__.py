@@ -11,6 +11,7 @@ import sys
 import click
 
 from pipeline import __version__
+from pipeline.progress import PROGRESS_ENV
 
 # name -> "module:attribute"; each module defines one click command.
 _COMMANDS = {
@@ -141,8 +142,23 @@ def _set_debug(ctx, param, value):
     return value
 
 
+def _set_no_progress(ctx, param, value):
+    if value:
+        os.environ[PROGRESS_ENV] = "0"
+    return value
+
+
 @click.group(cls=TopLevelGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fullece")
+@click.option(
+    "--no-progress",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_set_no_progress,
+    help=f"No progress output in any command (or set {PROGRESS_ENV}=0). Progress goes to "
+    "standard error: a bar on a terminal, else a plain line every 10% and 30 s.",
+)
 @click.option(
     "--debug",
     is_flag=True,

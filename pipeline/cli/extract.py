@@ -124,37 +124,47 @@ def extract(
     Example:
       fullece extract --model models/ckpt --corpus test.txt --out runs/ckpt
     """
+    params = dict(locals())
     from pipeline.cli import require_extract_extra
+
+    require_extract_extra("extract")
+    from pipeline.extract.dist import env_world, exit_process
+    from pipeline.extract.errors import ExtractError
+
+    try:
+        world = env_world()[1]
+    except ExtractError as err:
+        raise click.ClickException(str(err)) from err
+    if world == 1:
+        _extract(**params)
+        return
+    # a torchrun rank: its exit status is the job's verdict, so it ends without
+    # interpreter finalization, where leftover native threads could abort it
+    # (pipeline.extract.dist.exit_process, docs/scale.md "Teardown")
+    try:
+        _extract(**params)
+    except click.ClickException as err:
+        err.show()
+        exit_process(err.exit_code)
+    exit_process(0)
+
+
+def _extract(*, out, quiet, slice_, **options) -> None:
     from pipeline.extract.errors import ExtractError
     from pipeline.store.lock import RunLockedError
     from pipeline.store.manifest import RunError
-
-    require_extract_extra("extract")
     from pipeline.store.schema import SchemaVersionError
 
     try:
         from pipeline.extract.run import run_extraction
 
         manifest = run_extraction(
-            model,
-            corpus,
+            options.pop("model"),
+            options.pop("corpus"),
             out,
-            store=store,
-            k=k,
-            tau=tau,
-            max_length=max_length,
-            stride=stride,
-            batch_size=batch_size,
-            device=device,
-            dtype=dtype,
-            shard_positions=shard_positions,
             slice=slice_,
-            text_field=text_field,
-            corpus_format=corpus_format,
-            tokenizer=tokenizer,
-            label=label,
-            overwrite=overwrite,
             progress=not quiet,
+            **options,
         )
     except (ExtractError, RunError, SchemaVersionError, RunLockedError) as err:
         raise click.ClickException(str(err)) from err

@@ -536,14 +536,6 @@ def _clear(out_dir: Path) -> None:
 def _progress(total, start, enabled):
     if not enabled:
         return None
-    from tqdm.auto import tqdm
+    from pipeline.progress import progress_bar
 
-    return tqdm(
-        total=total,
-        initial=start,
-        unit="step",
-        desc="train",
-        file=sys.stderr,
-        dynamic_ncols=True,
-        mininterval=1.0,
-    )
+    return progress_bar("train", total=total, initial=start, unit="step")

@@ -1,7 +1,10 @@
 """``fullece extract`` under torchrun: ranks, the process group, one manifest.
 
-Each rank extracts slice RANK/WORLD_SIZE of the documents (composed with
---slice) into the one run directory, naming its shards ``*-rRRRRR-NNNNN.*``
+Each rank extracts its share of the documents (of the --slice): whole batch
+groups of ``--batch-size`` consecutive documents, round-robin over the ranks
+(pipeline.extract.plan), so every batch, and every stored float, is the one a
+single process computes. Ranks write into the one run directory, naming their
+shards ``*-rRRRRR-NNNNN.*``
 and committing them to its own ``ranks/rank-RRRRR.json`` (so ranks never
 write the same file and each resumes on its own). Rank 0 alone holds the
 run-directory lock, prepares the directory, and at the end merges the ranks'
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,8 +163,49 @@ class Dist:
         self.barrier()
         return manifest if manifest is not None else load_manifest(out)
 
-    def close(self) -> None:
-        if self._owns_group:
-            import torch.distributed as td
+    def close(self, ok: bool = True) -> None:
+        """Tear the process group down, every rank together (see :func:`exit_process`).
 
+        After a complete run every rank meets at a barrier first, so no rank
+        tears down while another still has a collective in flight (nccl may
+        hang or abort otherwise), waits for its device, then destroys the group
+        (joining the backend's threads while the interpreter is fully alive).
+        After an error there is no barrier (the other ranks may never come):
+        gloo's group is destroyed locally, nccl's is left to the process exit.
+        """
+        if not self._owns_group:
+            return
+        import torch.distributed as td
+
+        if not td.is_initialized():
+            return
+        if ok:
+            self.barrier()
+            if self.backend == "nccl":
+                import torch
+
+                torch.cuda.synchronize()
+        if ok or self.backend == "gloo":
             td.destroy_process_group()
+        self._owns_group = False
+
+
+def exit_process(code: int) -> None:
+    """End a torchrun rank now, without interpreter finalization.
+
+    The run is complete and committed, and the process group destroyed, when
+    this is called. What is left are threads no Python code owns: the
+    backend's (gloo, nccl), pyarrow's and numba's pools. Python's finalization
+    then races with them (a thread that wakes and takes the GIL while the
+    interpreter is being torn down is ended by pthread_exit inside a C++
+    noexcept frame: ``terminate called without an active exception``,
+    SIGABRT, and torchrun reports the job failed). ``os._exit`` skips that:
+    the standard streams are flushed, files are closed (shards are committed
+    by atomic renames), and the exit status is the command's.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

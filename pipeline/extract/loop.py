@@ -9,7 +9,6 @@ rank runs this on its share of the documents (pipeline.extract.dist).
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -17,11 +16,17 @@ import numpy as np
 
 from pipeline.extract.corpus import check_corpus, count_documents, detect_format, iter_documents
 from pipeline.extract.errors import ExtractError
-from pipeline.extract.plan import batches, plan_shards, tokenized
+from pipeline.extract.plan import (
+    batch_group,
+    batches,
+    plan_shards,
+    rank_documents,
+    rank_of_group,
+    tokenized,
+)
 from pipeline.extract.settings import (
     DEFAULT_MAX_LENGTH_CAP,
     check_kernel_settings,
-    compose_slices,
     default_chunk_rows,
     default_shard_positions,
     parse_slice,
@@ -62,7 +67,8 @@ def run_extraction(
     many rows (default 2**20 for topk; about 4 GiB of logits for full).
     slice: (i, n) or "i/n": only documents with doc_id % n == i.
     Under torchrun (WORLD_SIZE > 1 in the environment) each rank extracts
-    slice RANK/WORLD_SIZE of that into the same `out`.
+    its batch groups of that (groups of batch_size consecutive documents of the
+    slice, round-robin over the ranks) into the same `out`.
     Returns the manifest (also in out/manifest.json). Rerunning with the same
     arguments resumes after the last committed shard(s).
     """
@@ -105,9 +111,10 @@ def run_extraction(
         lock = dist.lock_run(out) if dist else RunLock(out, purpose="extract").acquire()
     except BaseException:
         if dist is not None:
-            dist.close()
+            dist.close(ok=False)
         raise
     writer = None
+    complete = False
     try:
         lm, vocab = hf.load_model(model_dir, device=torch_dev, dtype=dtype)
         tok = hf.load_tokenizer(tok_dir)
@@ -173,10 +180,14 @@ def run_extraction(
                 "slice_documents": slice_docs,
             },
         )
-        my_i, my_n = (
-            compose_slices((slice_i, slice_n), (rank, world)) if dist else (slice_i, slice_n)
-        )
-        my_docs = len(range(my_i, n_docs, my_n))
+        # ranks take whole batch groups of the slice (pipeline.extract.plan), so
+        # the batches, and the stored floats, do not depend on the world size
+        group_size = int(batch_size)
+
+        def group_of(doc_id: int) -> int:
+            return batch_group(doc_id, slice_n, group_size)
+
+        my_docs = rank_documents(slice_docs, group_size, rank, world)
         writer = RunWriter(
             out,
             vocab_size=vocab,
@@ -194,7 +205,9 @@ def run_extraction(
         )
         writer.open()
         if writer.complete:
-            return writer.finish()
+            manifest = writer.finish()
+            complete = True
+            return manifest
         manifest = writer.manifest
         shards = manifest["shards"]
         resume_doc = shards[-1]["doc_end"] if shards else 0
@@ -203,15 +216,20 @@ def run_extraction(
         documents = (
             (d, text)
             for d, text in iter_documents(corpus, fmt, text_field)
-            if d >= resume_doc and d % my_n == my_i
+            if d >= resume_doc
+            and d % slice_n == slice_i
+            and rank_of_group(group_of(d), world) == rank
         )
         plans = plan_shards(
             tokenized(tok, documents, vocab_size=vocab, corpus=corpus),
             first_index=len(shards),
             first_doc=resume_doc,
             shard_positions=shard_positions,
+            group_of=group_of,
         )
-        bar = _progress_bar(progress and (dist is None or dist.rank == 0), done_rows)
+        # under torchrun rank 0 shows its own share (its groups)
+        name = "extract" if dist is None else f"extract rank 0 of {world}"
+        bar = _progress_bar(name, progress and (dist is None or dist.rank == 0), done_rows)
         trailing_skipped = 0
         planned_rows, planned_docs = done_rows, done_docs
         t_loop = time.perf_counter()
@@ -258,13 +276,15 @@ def run_extraction(
                 "recorded at the start); the run is not marked complete. Restore the corpus "
                 "and rerun to resume, or rerun with --overwrite to extract the new one"
             )
-        return writer.finish(
+        manifest = writer.finish(
             skipped_documents=skipped,
             timing={
                 "load_seconds": round(t_loop - t_start, 3),
                 "loop_seconds": round(t_end - t_loop, 3),
             },
         )
+        complete = True
+        return manifest
     except BaseException:
         if writer is not None:
             writer.abort()
@@ -272,7 +292,7 @@ def run_extraction(
         raise
     finally:
         if dist is not None:
-            dist.close()
+            dist.close(ok=complete)
 
 
 def _score_batch(lm, batch, dev, vocab, writer) -> None:
@@ -303,20 +323,10 @@ def forward_logits(lm, inputs):
     return lm(input_ids=inputs, use_cache=False).logits
 
 
-def _progress_bar(enabled: bool, initial: int):
-    from tqdm import tqdm
+def _progress_bar(name: str, enabled: bool, initial: int):
+    from pipeline.progress import progress_bar
 
-    return tqdm(
-        total=None,
-        initial=initial,
-        unit="pos",
-        unit_scale=True,
-        dynamic_ncols=True,
-        file=sys.stderr,
-        disable=not enabled,
-        desc="extract",
-        smoothing=0.1,
-    )
+    return progress_bar(name, initial=initial, enabled=enabled)
 
 
 def _estimate_total(bar, rows: int, docs: int, slice_docs: int) -> None:

@@ -32,13 +32,6 @@ def parse_slice(value) -> tuple[int, int]:
     return i, n
 
 
-def compose_slices(outer: tuple[int, int], inner: tuple[int, int]) -> tuple[int, int]:
-    """Slice `inner` of the documents of slice `outer`: doc % n == i, then every
-    W-th of those from the r-th on, is doc % (n * W) == i + n * r."""
-    (i, n), (r, w) = outer, inner
-    return i + n * r, n * w
-
-
 def check_kernel_settings(store: str, k, tau) -> None:
     """The settings of the reduction itself (shared by extract and RunWriter)."""
     if store not in STORES:

@@ -26,7 +26,6 @@ the run complete; leaving it by an exception keeps the committed shards only.
 
 from __future__ import annotations
 
-import sys
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -208,17 +207,9 @@ class RunWriter:
         )
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fullece-writer")
         if self.progress:
-            from tqdm import tqdm
+            from pipeline.progress import progress_bar
 
-            self._bar = tqdm(
-                initial=self.committed_positions,
-                unit="pos",
-                unit_scale=True,
-                dynamic_ncols=True,
-                file=sys.stderr,
-                desc="extract",
-                smoothing=0.1,
-            )
+            self._bar = progress_bar("extract", initial=self.committed_positions)
         return self
 
     def _acquire_lock(self) -> None:

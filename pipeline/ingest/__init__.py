@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -101,7 +100,7 @@ def check_sum_tolerance(sum_tolerance) -> float:
 def _run_import(
     kind, reader, files, out, vocab_size, label, model, sum_tolerance, shard_positions, progress
 ):
-    from tqdm import tqdm
+    from pipeline.progress import progress_bar
 
     out = Path(out)
     check_vocab_size(vocab_size)
@@ -126,14 +125,7 @@ def _run_import(
             sum_tolerance=sum_tolerance,
             shard_positions=shard_positions,
         ) as writer,
-        tqdm(
-            desc=f"import {kind}",
-            unit="pos",
-            unit_scale=True,
-            file=sys.stderr,
-            disable=not progress,
-            leave=False,
-        ) as bar,
+        progress_bar(f"import {kind}", enabled=progress, leave=False) as bar,
     ):
         writer.source["files"] = source_files(files)
         # batches no larger than a shard, so shards close near shard_positions
