@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from pipeline.core.metrics import (
     _neg_xlogx,
@@ -177,8 +176,9 @@ def _dense_rows_of_shard(shard):
 
 def scan_run(run_dir, *, progress: bool = False) -> PositionScan:
     """One scan over every positions shard of a run (and, in the full store,
-    one streaming pass over its logits for Σ p² and the entropy)."""
-    from pipeline.store.run import check_positions, open_run
+    one streaming pass over its logits for Σ p² and the entropy), every byte
+    read through the store's verified readers (checksums, value ranges)."""
+    from pipeline.store.run import iter_positions, open_positions, open_run
 
     run = open_run(run_dir)
     scan = PositionScan()
@@ -190,12 +190,11 @@ def scan_run(run_dir, *, progress: bool = False) -> PositionScan:
     for shard in run.shards:
         if shard.rows == 0:
             continue
-        path = check_positions(shard)
-        pf = pq.ParquetFile(str(path))
-        cols = list(_COLUMNS) + (["sum_p2"] if "sum_p2" in pf.schema_arrow.names else [])
+        names = open_positions(shard)[1].schema_arrow.names
+        cols = list(_COLUMNS) + (["sum_p2"] if "sum_p2" in names else [])
         dense = _dense_rows_of_shard(shard) if run.store == "full" else None
         start = 0
-        for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=cols):
+        for batch in iter_positions(shard, cols, BATCH_ROWS):
             stop = start + batch.num_rows
             part = (
                 None
