@@ -60,10 +60,10 @@ def open_positions(run_dir):
     import polars as pl
 
     from pipeline.store.run import open_positions as verified_positions
-    from pipeline.store.run import open_run
+    from pipeline.store.run import open_verified_run
 
     load_manifest(run_dir)  # "not a fullece run" before anything else
-    run = open_run(run_dir)
+    run = open_verified_run(run_dir)
     paths = [str(verified_positions(shard)[0]) for shard in run.shards if shard.rows]
     if not paths:
         raise RunError(f"{Path(run_dir) / 'manifest.json'}: the run has no committed shard")

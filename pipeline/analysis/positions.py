@@ -178,9 +178,9 @@ def scan_run(run_dir, *, progress: bool = False) -> PositionScan:
     """One scan over every positions shard of a run (and, in the full store,
     one streaming pass over its logits for Σ p² and the entropy), every byte
     read through the store's verified readers (checksums, value ranges)."""
-    from pipeline.store.run import iter_positions, open_positions, open_run
+    from pipeline.store.run import iter_positions, open_positions, open_verified_run
 
-    run = open_run(run_dir)
+    run = open_verified_run(run_dir)
     scan = PositionScan()
     bar = None
     if progress:

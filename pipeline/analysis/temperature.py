@@ -51,11 +51,11 @@ def temperature_for_run(
     """The `fullece temperature` JSON object of a full-store run (an incomplete
     run is refused unless `partial`). Labels and logits are read through the
     store's verified readers: nothing unverified enters a figure."""
-    from pipeline.store.run import open_run, require_complete
+    from pipeline.store.run import open_verified_run, require_complete
 
     run_dir = Path(run_dir)
     coverage = require_complete(run_dir, partial)
-    run = open_run(run_dir)
+    run = open_verified_run(run_dir)
     if run.store != "full":
         raise RunError(
             f"{run_dir}: a top-k run ({run.store!r} store) keeps only the largest probabilities; "

@@ -268,10 +268,10 @@ def position_stats(run_dir) -> dict:
     (nats/token) and the largest top-1 probability of the run."""
     import numpy as np
 
-    from pipeline.store.run import open_run, read_positions
+    from pipeline.store.run import open_verified_run, read_positions
 
     total, n, top = 0.0, 0, 0.0
-    for shard in open_run(run_dir).shards:
+    for shard in open_verified_run(run_dir).shards:
         if not shard.rows:
             continue
         table = read_positions(shard, ["label_prob", "top1_prob"])  # verified

@@ -309,8 +309,13 @@ def verify_file(run_dir, entry: dict, rel: str, *, thorough: bool = False) -> Pa
     path = inside_run(run_dir, rel)
     if not path.exists():
         raise AggregateError(f"{path}: shard file missing (listed in {where})")
-    if not thorough and path.is_dir() and chunk_index(path, digest) is not None:
-        return path  # index and file list checked; every chunk is checked as zarr reads it
+    index = chunk_index(path, digest) if path.is_dir() else None
+    if index is not None:
+        # index and file list checked: every chunk is checked as zarr reads it,
+        # or here, file by file, when `thorough`
+        if thorough:
+            _hash_store_files(path, index)
+        return path
     if cached_sha256(path) != digest:
         raise AggregateError(
             f"{path}: checksum differs from the manifest (the file changed after it was "
@@ -327,6 +332,17 @@ def chunk_index(path: Path, digest: str) -> dict | None:
         return verified_chunk_index(path, digest)
     except (ChunkIndexError, OSError) as err:
         raise AggregateError(str(err)) from err
+
+
+def _hash_store_files(path: Path, index: dict) -> None:
+    from pipeline.store.manifest import file_sha256
+
+    for rel in sorted(index):
+        if file_sha256(path / rel) != index[rel]:
+            raise AggregateError(
+                f"{path / rel}: checksum differs from the store's chunk index (the chunk "
+                "changed after it was written; shard fails validation)"
+            )
 
 
 def check_positions(shard: Shard) -> Path:
@@ -463,6 +479,16 @@ def shard_problems(shard: Shard, *, thorough: bool = True) -> list[str]:
 _SUM_SLACK = 1e-3
 
 
+def open_verified_run(run_dir) -> Run:
+    """:func:`open_run`, then every file of every shard checked (:func:`check_shard`):
+    a reader that starts here gives no number from a run that `validate` rejects
+    for its files (positions, class_tail and logits alike)."""
+    run = open_run(run_dir)
+    for shard in run.shards:
+        check_shard(shard)
+    return run
+
+
 def open_positions(shard: Shard) -> tuple[Path, pq.ParquetFile]:
     """(path, ParquetFile) of a shard's positions: schema, rows and document range
     checked, the file verified against the manifest's sha256; page checksums are
@@ -519,6 +545,11 @@ def _value_ranges(vocab_size: int) -> dict:
         # NaN or null: not recorded (imported dumps); else 0 <= H <= ln K
         "entropy": (0.0, math.log(vocab_size) * (1 + _SUM_SLACK), True),
     }
+
+
+def value_columns(names, vocab_size: int) -> list[str]:
+    """The columns among `names` that :func:`check_position_values` range-checks."""
+    return [c for c in _value_ranges(vocab_size) if c in names]
 
 
 def check_position_values(batch, path, first_row: int, vocab_size: int) -> None:
@@ -629,7 +660,12 @@ def describe_coverage(info: dict) -> str:
 
 
 def require_complete(run_dir, partial: bool = False) -> dict:
-    """The run's completeness; an incomplete run is refused unless `partial`."""
+    """The run's completeness; an incomplete run is refused unless `partial`.
+
+    Every command that measures a run (metrics, compare, report, temperature)
+    starts here, so here a run directory is also verified, every file of every
+    shard (:func:`open_verified_run`): current tables of a run whose shards were
+    rewritten since give no number (sha256 cached, so later reads only stat)."""
     info = completeness(run_dir)
     if not info["complete"] and not partial:
         raise RunError(
@@ -637,4 +673,6 @@ def require_complete(run_dir, partial: bool = False) -> dict:
             f"{describe_coverage(info)}. Resume the extraction with the same command, or "
             "pass --partial to measure what is there"
         )
+    if is_run(run_dir):
+        open_verified_run(run_dir)
     return info
