@@ -541,3 +541,21 @@ def test_temperature_refuses_incomplete_run_without_partial(tmp_path, case):
     rewrite_manifest(d, lambda m: m.update(complete=True))
     res = cli("temperature", d, "--grid", "0.5:2:3", "--quiet", "--json")
     assert res.exit_code == 0 and json.loads(res.stdout)["complete"] is True
+
+
+def test_tail_mass_out_of_range_gives_no_table_figure(tmp_path, case):
+    """tail_mass enters Full-ECE through the bin tables: aggregate reads the shard
+    through the store's readers too, so `compare` (tables only) gives no number."""
+    d = tmp_path / "run"
+    write_run(d, case, k=3, shard_rows=ROWS)
+    shutil.copytree(d, tmp_path / "twin")
+
+    def edit(t):
+        values = t.column("tail_mass").to_numpy().copy()
+        values[3] = 2.0
+        return set_column(t, "tail_mass", values)
+
+    rewrite_positions(d, 2, edit, update_manifest=True)
+    needle = "positions-00002.parquet: row 3: tail_mass = 2.0 outside"
+    assert_refused(cli("compare", tmp_path / "twin", d, "--bins", M, "--quiet"), needle)
+    assert_refused(cli("aggregate", d, "--quiet"), needle)

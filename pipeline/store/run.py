@@ -498,10 +498,21 @@ def open_positions(shard: Shard) -> tuple[Path, pq.ParquetFile]:
     return path, pf
 
 
-def iter_positions(shard: Shard, columns, batch_rows: int = 65536, *, use_threads: bool = True):
+def iter_positions(
+    shard: Shard,
+    columns,
+    batch_rows: int = 65536,
+    *,
+    use_threads: bool = True,
+    checked=None,
+):
     """Verified positions batches of `columns` (see :func:`open_positions`), each
-    range-checked (:func:`check_position_values`) before it is yielded."""
+    range-checked (:func:`check_position_values`; only the columns `checked`
+    when given, for a caller that checks the others itself) before it is yielded."""
     path, pf = open_positions(shard)
+    ranges = _value_ranges(shard.vocab_size)
+    if checked is not None:
+        ranges = {name: ranges[name] for name in checked}
     row = 0
     batches = pf.iter_batches(batch_size=batch_rows, columns=list(columns), use_threads=use_threads)
     while True:
@@ -513,7 +524,7 @@ def iter_positions(shard: Shard, columns, batch_rows: int = 65536, *, use_thread
             ) from err
         if batch is None:
             return
-        check_position_values(batch, path, row, shard.vocab_size)
+        _check_values(batch, path, row, ranges)
         row += batch.num_rows
         yield batch
 
@@ -525,6 +536,20 @@ def read_positions(shard: Shard, columns) -> pa.Table:
         schema = pa.schema([open_positions(shard)[1].schema_arrow.field(c) for c in columns])
         return schema.empty_table()
     return pa.Table.from_batches(batches)
+
+
+def read_class_tail(shard: Shard, columns) -> pa.Table:
+    """`columns` of a shard's class_tail table, its schema, rows and sha256 checked."""
+    path = check_class_tail(shard)
+    if path is None:
+        raise AggregateError(
+            f"{shard.run_dir / 'manifest.json'}: shard {shard.index} has no class_tail"
+        )
+    verify_file(shard.run_dir, shard.entry, shard.entry["class_tail"])
+    try:
+        return pq.read_table(str(path), columns=list(columns), page_checksum_verification=True)
+    except (OSError, pa.ArrowException) as err:
+        raise AggregateError(f"{path}: cannot be read ({err}) (shard fails validation)") from err
 
 
 def _value_ranges(vocab_size: int) -> dict:
@@ -556,8 +581,12 @@ def check_position_values(batch, path, first_row: int, vocab_size: int) -> None:
     """Every value a figure is computed from lies in its range (probabilities in
     [0, 1], ids in [0, K), entropy in [0, ln K], no NaN where a value is required);
     the first one outside is named by file, row and column."""
+    _check_values(batch, path, first_row, _value_ranges(vocab_size))
+
+
+def _check_values(batch, path, first_row: int, ranges: dict) -> None:
     names = batch.schema.names
-    for name, (low, high, optional) in _value_ranges(vocab_size).items():
+    for name, (low, high, optional) in ranges.items():
         if name not in names:
             continue
         column = batch.column(names.index(name))
