@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -349,13 +351,33 @@ def check_positions(shard: Shard) -> Path:
     return _positions_file(shard)[0]
 
 
+_FOOTERS: dict[tuple, tuple] = {}
+_FOOTERS_MAX = 4096
+
+
 def _positions_file(shard: Shard) -> tuple[Path, pq.ParquetFile]:
     """The positions file's schema, rows and document range checked (footer only)."""
     path = require_file(shard.path("positions"), shard, "positions")
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    cached = _FOOTERS.get(key)
     try:
-        pf = pq.ParquetFile(str(path), page_checksum_verification=True)
+        pf = pq.ParquetFile(
+            str(path),
+            page_checksum_verification=True,
+            metadata=None if cached is None else cached[0],
+        )
     except Exception as err:  # noqa: BLE001 - pyarrow raises several types
         raise AggregateError(f"{path}: not a readable Parquet file ({err})") from err
+    if cached is None:
+        # the file's footer and doc_id range, parsed once a process (keyed like the
+        # sha256 cache: a rewritten file has another size, mtime or inode; a file
+        # modified within the last 2 s may change within one mtime tick: not kept)
+        cached = (pf.metadata, _doc_id_range(pf))
+        if time.time_ns() - st.st_mtime_ns > 2_000_000_000:
+            if len(_FOOTERS) >= _FOOTERS_MAX:
+                _FOOTERS.clear()
+            _FOOTERS[key] = cached
     try:
         check_table_schema(pf.schema_arrow, "positions", str(path))
     except SchemaVersionError:
@@ -367,7 +389,7 @@ def _positions_file(shard: Shard) -> tuple[Path, pq.ParquetFile]:
         raise AggregateError(
             f"{path}: {rows} rows, the manifest says {shard.rows} (shard fails validation)"
         )
-    _check_doc_range(shard, path, pf)
+    _check_doc_range(shard, path, cached[1])
     return path, pf
 
 
@@ -392,12 +414,11 @@ def _doc_id_range(pf: pq.ParquetFile) -> tuple[int, int] | None:
     return min(lows), max(highs)
 
 
-def _check_doc_range(shard: Shard, path: Path, pf: pq.ParquetFile) -> None:
-    """The shard's doc_ids lie in its manifest range [doc_start, doc_end)."""
+def _check_doc_range(shard: Shard, path: Path, found: tuple[int, int] | None) -> None:
+    """The shard's doc_ids (`found`: min, max) lie in its manifest range [doc_start, doc_end)."""
     lo, hi = shard.entry.get("doc_start"), shard.entry.get("doc_end")
     if not (isinstance(lo, int) and isinstance(hi, int)):
         return
-    found = _doc_id_range(pf)
     if found is not None and (found[0] < lo or found[1] >= hi):
         raise AggregateError(
             f"{path}: doc_id {found[0] if found[0] < lo else found[1]} outside the shard's "
@@ -592,6 +613,17 @@ def _check_values(batch, path, first_row: int, ranges: dict) -> None:
         column = batch.column(names.index(name))
         is_list = pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
         data = (column.flatten() if is_list else column).to_numpy(zero_copy_only=False)
+        if data.size == 0:
+            continue
+        # fast path: min and max (NaN propagates to both, so fails the test)
+        if optional and data.dtype.kind == "f":
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slice
+                lo_v, hi_v = np.nanmin(data), np.nanmax(data)
+            if np.isnan(lo_v) or (lo_v >= low and hi_v <= high):
+                continue
+        elif data.min() >= low and data.max() <= high:
+            continue
         missing = np.isnan(data) if data.dtype.kind == "f" else np.zeros(data.shape, bool)
         bad = ~((data >= low) & (data <= high))
         if optional:
