@@ -22,29 +22,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
 
-from pipeline.cli import main
 from pipeline.store.manifest import path_sha256
 from pipeline.store.validate import find_problems
 from tests.helpers.analysis_runs import dense_case, dense_reference, write_run
+from tests.test_trust import M, cli, rewrite_manifest  # issue 9's fault-injection helpers
 
-M = 10
 ROWS = 80  # shard rows: 240 positions in 3 shards
 
 
 @pytest.fixture(scope="module")
 def case():
+    """240 positions, K = 30, 12 documents (the case of tests/test_trust.py)."""
     return dense_case(240, 30, seed=3, docs=12)
-
-
-@pytest.fixture(scope="module")
-def truth(case):
-    return dense_reference(case.probs, case.labels, M)
-
-
-def cli(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def assert_refused(res, *needles):
@@ -61,13 +51,6 @@ def assert_refused(res, *needles):
 def nll_of(case) -> float:
     rows = np.arange(case.n)
     return float(-np.log(case.probs[rows, case.labels].astype(np.float64)).mean())
-
-
-def rewrite_manifest(run_dir, edit) -> None:
-    path = Path(run_dir) / "manifest.json"
-    manifest = json.loads(path.read_text())
-    edit(manifest)
-    path.write_text(json.dumps(manifest))
 
 
 def rewrite_positions(run_dir, index: int, edit, *, update_manifest: bool) -> Path:
@@ -243,7 +226,7 @@ def test_library_readers_verify(tmp_path, case):
 # ----------------------------------------------------------- Zarr digests
 
 
-def test_sealed_store_digest_is_the_tree_digest(tmp_path, case, truth):
+def test_sealed_store_digest_is_the_tree_digest(tmp_path, case):
     from pipeline.store.shards import CHUNK_INDEX_NAME
 
     d = tmp_path / "full"
@@ -254,7 +237,7 @@ def test_sealed_store_digest_is_the_tree_digest(tmp_path, case, truth):
         assert (store / CHUNK_INDEX_NAME).is_file()
         assert shard["files"][shard["logits"]] == path_sha256(store)
     assert find_problems(d) == []
-    row = metrics_json(d)["bins"][0]
+    row, truth = metrics_json(d)["bins"][0], dense_reference(case.probs, case.labels, M)
     for key in ("ece", "cw_ece", "full_ece"):
         assert row[key] == pytest.approx(truth[key], rel=1e-9, abs=1e-12)
 
