@@ -182,18 +182,51 @@ def test_shard_rewritten_after_aggregation_gives_no_number(tmp_path, case, store
         assert_refused(cli(*args), name, "checksum")  # one line: no figure printed
 
 
-def test_flipped_bit_with_current_tables_gives_no_number(tmp_path, case):
-    """Issue 24 item 3: one flipped bit in a positions file of a run whose tables
-    are current changed 9 of 12 printed figures (rc 0) on main."""
-    d = tmp_path / "run"
-    write_run(d, case, k=M, shard_rows=ROWS)
-    assert cli("aggregate", d, "--quiet").exit_code == 0
-    path = d / "shards/positions-00002.parquet"
+def flip_bit_keeping_stat(path: Path, column: str) -> None:
+    """Flip one bit near the end of `column`'s first column chunk (its values), and
+    give the file back its size and mtime: to a stat, nothing changed."""
+    import os
+
+    st = path.stat()
+    pf = pq.ParquetFile(path)
+    chunk_meta = pf.metadata.row_group(0).column(pf.schema_arrow.get_field_index(column))
+    start = chunk_meta.data_page_offset
+    if chunk_meta.has_dictionary_page:
+        start = min(start, chunk_meta.dictionary_page_offset)
     data = bytearray(path.read_bytes())
-    label_prob = pq.ParquetFile(path).metadata.row_group(0).column(4)
-    data[label_prob.data_page_offset + 40] ^= 0x01  # one bit of label_prob's values
+    data[start + chunk_meta.total_compressed_size - 5] ^= 0x01
     path.write_bytes(bytes(data))
-    assert_refused(cli("metrics", d, "--bins", M, "--quiet"), "positions-00002.parquet", "checksum")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size
+
+
+def fullece(*args):
+    """The installed command in its own process (no hash cached from earlier calls)."""
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).parent / "fullece"
+    return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("kind", ["positions", "class_tail"])
+def test_bit_flipped_with_current_tables_gives_no_number(tmp_path, case, kind):
+    """Issue 24 item 3: one flipped bit in a positions file of a run whose tables
+    are current changed 9 of 12 printed figures (rc 0); a class_tail file likewise
+    went unnoticed while the tables were current. Size and mtime kept, so only the
+    bytes tell; each command in its own process, as a user runs them."""
+    d = tmp_path / "run"
+    write_run(d, case, k=3, shard_rows=ROWS)
+    shutil.copytree(d, tmp_path / "twin")
+    assert cli("aggregate", d, "--quiet").exit_code == 0
+    name = f"{kind}-00002.parquet"
+    flip_bit_keeping_stat(d / "shards" / name, "label_prob" if kind == "positions" else "tail_mass")
+    for args in _commands(d, tmp_path, "topk").values():
+        res = fullece(*args)
+        assert res.returncode == 1, (args[0], res.stdout, res.stderr)
+        assert res.stdout == "", (args[0], res.stdout)  # no figure
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and name in lines[0] and "checksum" in lines[0], res.stderr
 
 
 def test_halved_label_prob_gives_no_nll(tmp_path, case):
