@@ -59,6 +59,21 @@ def cli(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
+def make_unwritable(monkeypatch, d: Path) -> None:
+    """Make run directory `d` unwritable for fullece (as root, chmod does not)."""
+    import pipeline.aggregate.executor as executor
+
+    real = executor._writable
+    root = d.resolve()
+    monkeypatch.setattr(
+        executor,
+        "_writable",
+        lambda p: (
+            False if (root == Path(p).resolve() or root in Path(p).resolve().parents) else real(p)
+        ),
+    )
+
+
 def metrics_json(run_dir, *extra):
     res = cli("metrics", run_dir, "--bins", str(M), "--json", "--quiet", *extra)
     assert res.exit_code == 0, res.output
@@ -468,29 +483,15 @@ def test_moved_run_keeps_its_tables(run, truth, tmp_path):
 
 
 def test_unwritable_run_uses_temp_space_outside(tmp_path, case, truth, monkeypatch):
-    """Tables rebuilt for a run that cannot be written go to the system temp dir."""
-    import pipeline.aggregate.executor as executor
-
+    """Tables rebuilt for a run that cannot be written go to the user's cache."""
     d = tmp_path / "ro"
     write_run(d, case, k=M, shard_rows=80)
     before = snapshot(d)
-    real = executor._writable
-    root = d.resolve()
-    monkeypatch.setattr(
-        executor,
-        "_writable",
-        lambda p: (
-            False if (root == Path(p).resolve() or root in Path(p).resolve().parents) else real(p)
-        ),
-    )
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "tempdir", None)
+    make_unwritable(monkeypatch, d)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert_truth(metrics_json(d), truth)
     assert snapshot(d) == before  # nothing written into the run
-    assert any((tmp_path / "tmp" / "fullece-tables").iterdir())
+    assert any((tmp_path / "cache" / "fullece" / "tables").iterdir())  # the user's own cache
 
 
 def test_read_only_run_chmod(tmp_path, case, truth):

@@ -137,3 +137,112 @@ def test_wheel_validates_and_measures_a_run_without_torch(installed, tmp_path):
     broken.write_bytes(bytes(data))
     invalid = _run([fullece, "validate", str(tmp_path / "run")], env=env, cwd=tmp_path)
     assert invalid.returncode == 1 and "positions-00001.parquet" in invalid.stdout + invalid.stderr
+
+
+def _command_paths(group, prefix=()):
+    """Every command path of the checkout's CLI (groups included), e.g. ('import', 'vllm')."""
+    import click
+
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        yield (*prefix, name)
+        if isinstance(cmd, click.Group):
+            yield from _command_paths(cmd, (*prefix, name))
+
+
+def test_wheel_runs_every_command_on_an_imported_run(installed, tmp_path):
+    """`pip install .` ships every subpackage: each subcommand's --help, then
+    import, aggregate, metrics, sql and report run from the wheel (once,
+    `pipeline.ingest` was missing and `fullece import` failed)."""
+    from pipeline.cli import main
+    from tests.test_import import _random_docs, write_vllm
+
+    venv, env = installed
+    fullece = str(venv / "bin" / "fullece")
+    paths = list(_command_paths(main))
+    assert ("import", "vllm") in paths and ("metrics",) in paths
+    for path in [()] + paths:
+        shown = _run([fullece, *path, "--help"], env=env, cwd=tmp_path)
+        assert shown.returncode == 0 and "Usage:" in shown.stdout, (path, shown.stderr)
+
+    dump = write_vllm(tmp_path / "dump.jsonl", _random_docs(seed=3, n_docs=8, vocab=50), 5)
+    run = tmp_path / "run"
+    steps = [
+        ["import", "vllm", str(dump), "--out", str(run), "--vocab-size", "50", "--quiet"],
+        ["aggregate", str(run), "--quiet"],
+        ["metrics", "--json", "--quiet", str(run)],
+        ["sql", str(run), "SELECT count(*) AS n FROM positions"],
+        ["report", str(run), "--out", str(tmp_path / "report"), "--quiet"],
+    ]
+    outputs = {}
+    for step in steps:
+        done = _run([fullece, *step], env=env, cwd=tmp_path)
+        assert done.returncode == 0, (step, done.stdout + done.stderr)
+        outputs[step[0]] = done.stdout
+    positions = sum(len(ids) - 1 for ids, _ in _random_docs(seed=3, n_docs=8, vocab=50))
+    assert json.loads(outputs["metrics"])["positions"] == positions
+    assert str(positions) in outputs["sql"].split()
+    assert (tmp_path / "report" / "report.html").is_file()
+
+
+@pytest.fixture(scope="module")
+def installed_with_extract(installed, tmp_path_factory):
+    """The same wheel with the extract extra, torch pinned to the local CPU build
+    (an unpinned torch would pull CUDA packages)."""
+    venv, env = installed
+    (wheel,) = (venv.parent / "dist").glob("fullece-*.whl")
+    venv2 = tmp_path_factory.mktemp("wheel-extract") / "venv"
+    made = _run([sys.executable, "-m", "venv", str(venv2)])
+    assert made.returncode == 0, made.stderr
+    pip = _run(
+        [
+            str(venv2 / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            f"{wheel}[extract]",
+            "torch==2.13.0",
+        ],
+        env=env,
+    )
+    if pip.returncode != 0:
+        out = pip.stdout + pip.stderr
+        if any(s in out for s in UNAVAILABLE):
+            pytest.skip(f"the extract extra cannot be installed here (no index): {out[-400:]}")
+        raise AssertionError(out)
+    return venv2, env
+
+
+def test_wheel_extract_extra_extracts_a_tiny_model(installed_with_extract, tmp_path):
+    from tests.helpers.extract_models import build_gpt2, synthetic_texts
+
+    venv, env = installed_with_extract
+    fullece = str(venv / "bin" / "fullece")
+    model = build_gpt2(tmp_path / "gpt2")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(synthetic_texts(12, seed=5)) + "\n")
+    run = tmp_path / "run"
+    for step in (
+        [
+            "extract",
+            "--model",
+            str(model),
+            "--corpus",
+            str(corpus),
+            "--k",
+            "8",
+            "--tau",
+            "0.01",
+            "--device",
+            "cpu",
+            "--out",
+            str(run),
+        ],
+        ["validate", str(run)],
+        ["metrics", "--json", "--quiet", str(run)],
+    ):
+        done = _run([fullece, *step], env=env, cwd=tmp_path)
+        assert done.returncode == 0, (step, done.stdout + done.stderr)
+    assert json.loads(done.stdout)["positions"] > 0

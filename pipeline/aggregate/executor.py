@@ -34,16 +34,19 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import DEFAULT_FINE_BINS
 from pipeline.aggregate.sql import reduce_sql, sql_str
 from pipeline.store import atomic, tablestore
+from pipeline.store.lock import RunLock
 from pipeline.store.run import (
     AggregateError,
     Run,
@@ -643,8 +646,14 @@ def _run_record(run: Run, tables_dir: Path) -> dict:
         "label": run.label,
         "store": run.store,
         "positions": sum(s.rows for s in run.shards),
+        "complete": run.manifest.get("complete") is True,
+        "manifest_sha256": _manifest_sha256(run.run_dir),
         "inputs": _run_inputs(run),
     }
+
+
+def _manifest_sha256(run_dir: Path) -> str:
+    return hashlib.sha256((Path(run_dir) / "manifest.json").read_bytes()).hexdigest()
 
 
 # ------------------------------------------------------------------ public
@@ -678,6 +687,7 @@ def aggregate(
     check_memory_limit(memory_limit)
     if isinstance(run_dirs, (str, os.PathLike)):
         run_dirs = [run_dirs]
+    check_out_arg(out)
     runs = open_runs(run_dirs)
     if out is None:
         if len(runs) > 1:
@@ -685,26 +695,26 @@ def aggregate(
         out = default_tables_dir(runs[0].run_dir)
     out = Path(out)
     check_mergeable(runs, allow_mixed_models=allow_mixed_models)
-    if keep_parts and tables_status([r.run_dir for r in runs], out, fine_bins) is None:
-        try:
-            return out, tablestore.verify_tables(out)  # every shard unchanged: nothing to do
-        except ValueError:
-            pass  # altered tables: rebuilt below from the verified shards
+    if keep_parts and _current_tables(runs, out, fine_bins) is None:
+        return out, tablestore.verify_tables(out)  # every shard unchanged: nothing to do
     _check_out_dir(out, runs)
     if not _writable(out):
         raise AggregateError(f"{out}: not writable (a read-only run?); give --out DIR elsewhere")
     out.mkdir(parents=True, exist_ok=True)
-    temp_dir = scratch_dir(out)
-    parts_base = None if keep_parts else temp_dir / "parts"
-    try:
-        kept = PartCache(memory_rows(memory_limit))
-        parts, _ = build_parts(
-            runs, out, fine_bins, progress=progress, parts_base=parts_base, kept=kept
-        )
-        meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir, kept)
-    finally:
-        _release_map_memory()  # nothing of the map step outlives the call
-        shutil.rmtree(temp_dir, ignore_errors=True)
+    # one writer per tables directory: a second aggregate into it is refused
+    # while this one runs, so the directory never holds tables of two merges
+    with RunLock(out, purpose="aggregate", tables=True):
+        temp_dir = scratch_dir(out)
+        parts_base = None if keep_parts else temp_dir / "parts"
+        try:
+            kept = PartCache(memory_rows(memory_limit))
+            parts, _ = build_parts(
+                runs, out, fine_bins, progress=progress, parts_base=parts_base, kept=kept
+            )
+            meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir, kept)
+        finally:
+            _release_map_memory()  # nothing of the map step outlives the call
+            shutil.rmtree(temp_dir, ignore_errors=True)
     return out, meta
 
 
@@ -771,13 +781,19 @@ def tables_status(
     if not meta_path.exists():
         return "no tables yet"
     try:
-        meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        meta = json.loads(meta_path.read_bytes())
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return f"{meta_path} is unreadable"
     if not isinstance(meta, dict):
         return f"{meta_path} is not a tables meta.json"
     if meta.get("schema_version") != SCHEMA_VERSION:
         return f"tables of schema version {meta.get('schema_version')}"
+    try:
+        tablestore.read_meta(tables_dir)
+    except SchemaVersionError:
+        raise
+    except ValueError as err:
+        return str(err)
     if fine_bins is not None and meta.get("fine_bins") != fine_bins:
         return f"tables at F={meta.get('fine_bins')}"
     records = meta.get("runs") or []
@@ -787,6 +803,10 @@ def tables_status(
     have = sorted(json.dumps(r.get("inputs"), sort_keys=True) for r in records)
     if want != have:
         return "shards changed since the tables were built"
+    if sorted(_manifest_sha256(r.run_dir) for r in runs) != sorted(
+        str(r.get("manifest_sha256")) for r in records
+    ):
+        return "manifest.json changed since the tables were built"
     positions = sum(s.rows for r in runs for s in r.shards)
     if meta.get("positions") != positions:
         return f"tables count {meta.get('positions')} positions, the runs {positions}"
@@ -922,65 +942,293 @@ def _clean_scratch(base: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
+def check_out_arg(out) -> None:
+    """`--out ""` (or a blank path) would put the tables in the current directory."""
+    if out is not None and not str(out).strip():
+        raise AggregateError(
+            "--out: empty path (it would write the tables into the current directory); "
+            "give --out DIR"
+        )
+
+
+CACHE_ENV = "XDG_CACHE_HOME"
+
+
+def user_cache_dir() -> Path:
+    """The current user's fullece cache: $XDG_CACHE_HOME/fullece (an absolute
+    XDG_CACHE_HOME only, as the XDG spec says), else ~/.cache/fullece."""
+    base = os.environ.get(CACHE_ENV, "")
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
+    return root / "fullece"
+
+
+def _safe_ancestors(path: Path) -> None:
+    """Every directory leading to `path` (symbolic links resolved) is owned by
+    root or this user and writable by no one else unless sticky (/tmp): no
+    other user can swap a component for one of theirs."""
+    uid = os.getuid()
+    probe = Path(os.path.realpath(path))
+    for directory in [*reversed(probe.parents), probe]:
+        try:
+            st = directory.stat()
+        except FileNotFoundError:
+            return
+        foreign_write = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if st.st_uid not in (0, uid) or (foreign_write and not st.st_mode & stat.S_ISVTX):
+            raise AggregateError(
+                f"{directory}: the tables cache {path} would lie in a directory another "
+                "user can change (owned by uid "
+                f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}); set {CACHE_ENV} to a "
+                "directory of your own"
+            )
+
+
+def _private_dir(path: Path) -> Path:
+    """`path` as a directory of this user only: created 0700 if missing, then
+    refused unless it is a real directory (not a symbolic link) owned by the
+    current uid that no one else can write."""
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+    except OSError as err:
+        raise AggregateError(f"{path}: cannot create the tables cache ({err})") from None
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise AggregateError(
+            f"{path}: the tables cache is a symbolic link or not a directory; "
+            "refused (remove it: fullece recreates it)"
+        )
+    if st.st_uid != os.getuid():
+        raise AggregateError(
+            f"{path}: the tables cache is owned by uid {st.st_uid}, not by you "
+            f"(uid {os.getuid()}); refused (remove it, or set {CACHE_ENV})"
+        )
+    if st.st_mode & 0o077:
+        raise AggregateError(
+            f"{path}: the tables cache has mode {stat.S_IMODE(st.st_mode):o}, open to "
+            "other users; refused (chmod 700 it, or remove it)"
+        )
+    return path
+
+
 def _tables_cache(run_dirs) -> Path:
     """Where tables of runs that cannot hold them (read-only) are kept: the
-    system temp dir, keyed by the runs' real paths."""
+    user's own cache (``user_cache_dir()/tables/<sha256 of the runs' real
+    paths>``), every component checked (see _private_dir), never a shared
+    temp directory another user could pre-seed or point elsewhere."""
     tag = hashlib.sha256("\0".join(str(Path(d).resolve()) for d in run_dirs).encode()).hexdigest()[
         :16
     ]
-    return Path(tempfile.gettempdir()) / "fullece-tables" / tag
+    base = user_cache_dir()
+    _safe_ancestors(base.parent)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    _safe_ancestors(base.parent)
+    directory = base
+    for name in ("", "tables", tag):
+        directory = _private_dir(directory / name if name else directory)
+    return directory
+
+
+# Tables directories whose tables this process checked against their runs'
+# shards: (stat key of the tables, the runs' manifest sha256s).
+_AGREES_WITH_SHARDS: set = set()
+
+
+def _input_digest(runs: list[Run], fine_bins: int) -> tuple[tablestore.InputDigest, float]:
+    """The digest of the runs' verified positions shards, and the tail_max the
+    tables must record (that of the top-k stores). The manifest's tail_max and m_exact (run and shard) are checked
+    against the shards here: an edited manifest is refused, naming the field."""
+    from pipeline.core.binning import m_exact_from_tail_max
+
+    digest = tablestore.InputDigest(fine_bins, runs[0].vocab_size)
+    overall = 0.0
+    for run in runs:
+        where = run.run_dir / "manifest.json"
+        run_tail = 0.0
+        for i, shard in enumerate(run.shards):
+            check_shard(shard)
+            path = shard.path("positions")
+            shard_tail, before = 0.0, digest.positions
+            try:
+                reader = pq.ParquetFile(str(path), page_checksum_verification=True)
+                for batch in reader.iter_batches(columns=list(tablestore.DIGEST_COLUMNS)):
+                    cols = {n: batch.column(n).to_numpy() for n in tablestore.DIGEST_COLUMNS}
+                    full = run.store == "full"
+                    shard_tail = max(shard_tail, digest.add(cols, full_store=full))
+            except (OSError, pa.ArrowException, tablestore.TablesError) as err:
+                raise AggregateError(f"{path}: {err}") from None
+            if digest.positions - before != shard.rows:
+                raise AggregateError(
+                    f"{where}: field 'shards[{i}].rows' = {shard.rows!r}, but {path.name} "
+                    f"holds {digest.positions - before} positions"
+                )
+            recorded = shard.entry.get("tail_max")
+            if recorded is not None and _f32(recorded) != shard_tail:
+                raise AggregateError(
+                    f"{where}: field 'shards[{i}].tail_max' = {recorded!r}, but "
+                    f"{path.name} holds tail_max up to {shard_tail!r}"
+                )
+            run_tail = max(run_tail, shard_tail)
+        positions = sum(s.rows for s in run.shards)
+        if run.manifest.get("positions") != positions:
+            raise AggregateError(
+                f"{where}: field 'positions' = {run.manifest.get('positions')!r}, but the "
+                f"shards hold {positions} positions"
+            )
+        recorded = (_f32(run.manifest.get("tail_max", 0.0)), run.manifest.get("m_exact"))
+        if run.store == "full" and recorded == (0.0, None):
+            continue  # a full store may record no tail at all: every M is exact from logits
+        if recorded[0] != run_tail:
+            raise AggregateError(
+                f"{where}: field 'tail_max' = {run.manifest.get('tail_max')!r}, but the "
+                f"positions shards hold tail_max up to {run_tail!r}"
+            )
+        if recorded[1] != m_exact_from_tail_max(run_tail):
+            raise AggregateError(
+                f"{where}: field 'm_exact' = {run.manifest.get('m_exact')!r}, but the "
+                f"shards' tail_max {run_tail!r} gives {m_exact_from_tail_max(run_tail)!r}"
+            )
+        if run.store == "topk":  # a full store has no tail: its tables' tail_max is 0
+            overall = max(overall, run_tail)
+    return digest, overall
+
+
+def _f32(value) -> float | None:
+    try:
+        return float(np.float32(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _shard_problem(runs: list[Run], tables_dir: Path) -> str | None:
+    """Why the tables at `tables_dir` disagree with the runs' shards, or None.
+    Raises AggregateError when the runs' own manifests contradict their shards
+    (no rebuild can help)."""
+    key = (tablestore._stat_key(tables_dir), tuple(_manifest_sha256(r.run_dir) for r in runs))
+    if key[0] is not None and key in _AGREES_WITH_SHARDS:
+        return None
+    try:
+        meta, arrow = tablestore._verified(tables_dir)
+    except SchemaVersionError:
+        raise
+    except ValueError as err:
+        return f"the tables fail verification: {err}"
+    digest, tail_max = _input_digest(runs, meta["fine_bins"])
+    found = digest.problems(arrow, meta)
+    if _f32(meta["tail_max"]) != tail_max:  # full stores: no tail in the tables
+        found.append(f"tail_max = {meta['tail_max']!r}, the shards' {tail_max!r}")
+    if found:
+        return (
+            f"{tables_dir}: the tables disagree with the shards they were built from: "
+            + "; ".join(found)
+        )
+    if key == (tablestore._stat_key(tables_dir), key[1]):
+        _AGREES_WITH_SHARDS.add(key)
+    return None
+
+
+def tables_disagree(run_dirs, tables_dir) -> str | None:
+    """Why the tables at `tables_dir` disagree with the runs' shards (the
+    digest of their positions columns, the manifests' tail_max and m_exact),
+    or None (``fullece validate``)."""
+    try:
+        return _shard_problem(open_runs(run_dirs), Path(tables_dir))
+    except SchemaVersionError:
+        raise
+    except ValueError as err:
+        return str(err)
+
+
+def _current_tables(runs: list[Run], tables_dir: Path, fine_bins: int | None) -> str | None:
+    """None when the tables at `tables_dir` are those of `runs`' shards as they
+    are now (checksums, manifests, invariants and the shards' digest), else why not."""
+    reason = tables_status([r.run_dir for r in runs], tables_dir, fine_bins)
+    return reason if reason is not None else _shard_problem(runs, tables_dir)
+
+
+def _runs_of_tables(tables_dir: Path) -> list[Path]:
+    """The run directories a plain tables directory (an `aggregate --out DIR`)
+    was built from: its meta.json's runs[].run_dir, relative to it. Tables are
+    only ever used beside their runs (checked against their shards)."""
+    try:
+        meta = tablestore.read_meta(tables_dir)
+    except ValueError as err:
+        raise _as_aggregate_error(err) from err
+    records = meta.get("runs") or []
+    meta_path = tables_dir / META_NAME
+    if not records:
+        raise AggregateError(
+            f"{meta_path}: field 'runs' is empty (tables from an older fullece): "
+            "aggregate the runs again"
+        )
+    found = []
+    for i, record in enumerate(records):
+        rel = record.get("run_dir")
+        path = tables_dir / str(rel) if isinstance(rel, str) else None
+        if path is None or not (path / "manifest.json").is_file():
+            raise AggregateError(
+                f"{meta_path}: field 'runs[{i}].run_dir' = {rel!r}: no run there; tables "
+                "are checked against the shards they came from: keep them beside their "
+                "runs, or aggregate again"
+            )
+        found.append(path)
+    return found
 
 
 def ensure_tables(run_dirs, out=None, *, quiet: bool = False) -> Path:
     """Tables directory for `run_dirs`, aggregating first (with a one-line notice
-    on stderr) when they are missing, stale or fail verification (checksums,
-    invariants). A plain tables directory (no manifest) is verified and used as
-    it is. When a run directory is not writable, rebuilt tables go to a cache
-    in the system temp directory, never into the run."""
+    on stderr) when they are missing, stale, fail verification (checksums,
+    invariants) or disagree with the shards' digest. A plain tables directory
+    (no manifest) is checked against the runs its meta.json names, and rebuilt
+    in place when stale. When a run directory is not writable, rebuilt tables
+    go to the user's own cache (see _tables_cache), never into the run."""
     if isinstance(run_dirs, (str, os.PathLike)):
         run_dirs = [run_dirs]
     run_dirs = [Path(d) for d in run_dirs]
+    check_out_arg(out)
     if len(run_dirs) == 1 and not (run_dirs[0] / "manifest.json").exists():
         if (run_dirs[0] / META_NAME).exists():
+            tables_dir = run_dirs[0]
             try:
-                tablestore.verify_tables(run_dirs[0])
-            except ValueError as err:
-                raise _as_aggregate_error(err) from err
-            return run_dirs[0]
+                runs = _runs_of_tables(tables_dir)
+            except AggregateError as missing:
+                try:  # damaged tables are named first: that is what to fix
+                    tablestore.verify_tables(tables_dir)
+                except ValueError as err:
+                    raise _as_aggregate_error(err) from err
+                raise missing from None
+            return _ensure(runs, tables_dir, quiet, plain=True)
         open_run(run_dirs[0])  # raises the error naming the missing manifest
     if out is None and len(run_dirs) > 1:
         raise AggregateError("several runs: give --out DIR for their merged tables")
     tables_dir = Path(out) if out is not None else default_tables_dir(run_dirs[0])
-    reason = tables_status(run_dirs, tables_dir, fine_bins=None)
+    return _ensure(run_dirs, tables_dir, quiet, plain=out is not None)
+
+
+def _ensure(run_dirs: list[Path], tables_dir: Path, quiet: bool, *, plain: bool) -> Path:
+    runs = open_runs(run_dirs)
+    reason = _current_tables(runs, tables_dir, None)
     if reason is None:
-        try:
-            tablestore.verify_tables(tables_dir)
-            return tables_dir
-        except SchemaVersionError:
-            raise
-        except ValueError as err:
-            reason = f"the tables fail verification: {err}"
-    if out is None and not _writable(tables_dir):
+        return tables_dir
+    if not plain and not _writable(tables_dir):
         cache = _tables_cache(run_dirs)
-        if tables_status(run_dirs, cache, fine_bins=None) is None:
-            try:
-                tablestore.verify_tables(cache)
-                return cache
-            except ValueError:
-                pass
+        if _current_tables(runs, cache, None) is None:
+            return cache
         reason += f"; {run_dirs[0]} is not writable, tables go to {cache}"
         tables_dir = cache
     if not quiet:
         names = ", ".join(str(d) for d in run_dirs)
         print(f"fullece: aggregating {names} ({reason}) ...", file=sys.stderr)
     fine = _existing_fine_bins(tables_dir)
-    aggregate(run_dirs, tables_dir, fine_bins=fine, progress=not quiet)
+    aggregate(run_dirs, tables_dir, fine_bins=fine, progress=not quiet, allow_mixed_models=plain)
+    problem = _shard_problem(runs, tables_dir)
+    if problem is not None:  # just built from these shards: never expected
+        raise AggregateError(problem)
     return tables_dir
 
 
 def _existing_fine_bins(tables_dir: Path) -> int:
     try:
-        value = json.loads((Path(tables_dir) / META_NAME).read_text()).get("fine_bins")
-    except (OSError, ValueError, AttributeError):
+        value = json.loads((Path(tables_dir) / META_NAME).read_bytes()).get("fine_bins")
+    except (OSError, ValueError, AttributeError, RecursionError):
         return DEFAULT_FINE_BINS
     return value if isinstance(value, int) and value >= 1 else DEFAULT_FINE_BINS

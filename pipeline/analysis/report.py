@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import math
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -660,12 +662,85 @@ Full-ECE: every (position, class) probability pooled into M equal-width bins
     return path
 
 
-def write_report(run_dirs, out_dir, *, quiet: bool = False) -> Path:
-    """Figures (PNG) and report.html in `out_dir`; returns the HTML path."""
+REPORT_RECORD = ".fullece-report.json"
+
+
+def report_file_names(n_runs: int) -> list[str]:
+    """Every file name a report of `n_runs` runs may write in its --out."""
+    names = [
+        "reliability_top1.png",
+        "reliability_full.png",
+        "metrics_vs_bins.png",
+        "token_frequency.png",
+        "metrics.json",
+        "report.html",
+    ]
+    for i in range(n_runs):
+        suffix = "" if n_runs == 1 else f"_{i}"
+        names += [f"smooth_reliability{suffix}.png", f"temperature{suffix}.png"]
+    return names + (["trend.png"] if n_runs > 1 else [])
+
+
+def _read_record(out_dir: Path) -> dict:
+    """{name: sha256 | None} of the files fullece wrote in out_dir (None: being written)."""
+    try:
+        files = json.loads((out_dir / REPORT_RECORD).read_text()).get("files")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return {}
+    return files if isinstance(files, dict) else {}
+
+
+def _write_record(out_dir: Path, files: dict) -> None:
+    from pipeline.store import atomic
+
+    atomic.write_json(out_dir / REPORT_RECORD, {"tool": "fullece report", "files": files})
+
+
+def claim_report_files(out_dir: Path, names: list[str], force: bool) -> dict:
+    """Refuse to overwrite a file of `out_dir` that fullece did not write.
+
+    A file is fullece's when REPORT_RECORD lists it with its current sha256
+    (or as being written by a report that stopped half way). Returns the
+    record to keep; raises ValueError naming the other files unless `force`.
+    """
+    from pipeline.store.manifest import file_sha256
+
+    record = _read_record(out_dir)
+    foreign = []
+    for name in names:
+        path = out_dir / name
+        if not os.path.lexists(path):
+            continue
+        ours = name in record and (
+            record[name] is None
+            or (path.is_file() and not path.is_symlink() and file_sha256(path) == record[name])
+        )
+        if not ours:
+            foreign.append(name)
+    if foreign and not force:
+        raise ValueError(
+            f"--out {out_dir}: would overwrite {', '.join(foreign)}, not written by fullece "
+            f"(or changed since; {REPORT_RECORD} records what it wrote): choose another --out, "
+            "or pass --force to overwrite"
+        )
+    return record
+
+
+def write_report(run_dirs, out_dir, *, quiet: bool = False, force: bool = False) -> Path:
+    """Figures (PNG) and report.html in `out_dir`; returns the HTML path.
+
+    A file in `out_dir` that fullece did not write is never overwritten
+    unless `force` (claim_report_files); what it wrote is recorded in
+    ``out_dir/.fullece-report.json``."""
+    from pipeline.store.manifest import file_sha256
+
     if isinstance(run_dirs, (str, Path)):
         run_dirs = [run_dirs]
     out_dir = Path(out_dir)
+    names = report_file_names(len(run_dirs))
+    record = claim_report_files(out_dir, names, force) if out_dir.is_dir() else {}
     out_dir.mkdir(parents=True, exist_ok=True)
+    _write_record(out_dir, {**record, **dict.fromkeys(names)})
     runs = [prepare_run(d, quiet=quiet) for d in run_dirs]
     figures = [
         (
@@ -752,4 +827,8 @@ def write_report(run_dirs, out_dir, *, quiet: bool = False) -> Path:
         for r in runs
     ]
     atomic.write_json(out_dir / "metrics.json", summary)
-    return write_html(runs, figures, out_dir)
+    page = write_html(runs, figures, out_dir)
+    written = [png for _, png, _ in figures] + [out_dir / "metrics.json", page]
+    record.update((p.name, file_sha256(p)) for p in written)
+    _write_record(out_dir, {k: v for k, v in record.items() if v is not None})
+    return page

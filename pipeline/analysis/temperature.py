@@ -114,4 +114,6 @@ def format_temperature(result: dict) -> str:
             f"{result['passes']} passes)",
             f"at T*: NLL = {fmt(b['nll'])}   ECE = {fmt(b['ece'])}   Full-ECE = {fmt(b['full_ece'])}",
         ]
+    elif result.get("nll_note"):
+        lines += ["", f"best NLL temperature T*: none ({result['nll_note']})"]
     return "\n".join(lines)

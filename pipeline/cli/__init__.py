@@ -72,6 +72,17 @@ def _debug_wanted() -> bool:
     return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0", "false", "no")
 
 
+def one_line(text: str) -> str:
+    """A message on one line: its lines joined by " | ", blank lines and caret
+    markers (DuckDB's "^" under a query) dropped, runs of spaces squeezed."""
+    parts = []
+    for line in str(text).splitlines():
+        line = " ".join(line.split())
+        if line and set(line) - {"^", " "}:
+            parts.append(line)
+    return " | ".join(parts)
+
+
 def error_line(err: BaseException) -> str:
     """One line for an unexpected exception: what happened, in words."""
     if (isinstance(err, OSError) and err.errno == errno.ENOSPC) or (
@@ -87,13 +98,15 @@ def error_line(err: BaseException) -> str:
         return f"permission denied: {err.filename or err}"
     if isinstance(err, MemoryError):
         return "out of memory (try smaller settings, e.g. --memory-limit or fewer bins)"
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    text = one_line(str(err))
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 class TopLevelGroup(LazyGroup):
-    """Any exception a command does not turn into a message becomes one line on
-    stderr (exit 1) with a hint to rerun with --debug for the traceback."""
+    """Every error is one line on stderr (exit 1): a command's own message
+    (multi-line ones, such as DuckDB's, joined), and any exception a command
+    does not turn into a message, with a hint to rerun with --debug for the
+    traceback."""
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         if not standalone_mode:
@@ -106,6 +119,7 @@ class TopLevelGroup(LazyGroup):
             click.echo("Aborted!", err=True)
             sys.exit(1)
         except click.ClickException as err:
+            err.message = one_line(err.message)
             err.show()
             sys.exit(err.exit_code)
         except (KeyboardInterrupt, SystemExit):
@@ -113,9 +127,9 @@ class TopLevelGroup(LazyGroup):
         except Exception as err:  # noqa: BLE001 - the last line of defence
             if _debug_wanted():
                 raise
-            click.echo(f"fullece: error: {error_line(err)}", err=True)
             click.echo(
-                "fullece: rerun with `fullece --debug ...` (or FULLECE_DEBUG=1) for the traceback",
+                f"fullece: error: {error_line(err)} (rerun with `fullece --debug ...` or "
+                f"{DEBUG_ENV}=1 for the traceback)",
                 err=True,
             )
             sys.exit(1)

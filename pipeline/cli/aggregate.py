@@ -25,12 +25,25 @@ def _memory_limit(ctx, param, value: str) -> str:
     return value
 
 
+def _out_dir(ctx, param, value):
+    """--out as given: an empty string is refused (Path("") would be the
+    current directory, and the tables would land there)."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise click.BadParameter(
+            "empty path (it would write the tables into the current directory); give --out DIR"
+        )
+    return Path(value)
+
+
 @click.command("aggregate")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--out",
-    type=click.Path(path_type=Path),
+    type=click.Path(),
     default=None,
+    callback=_out_dir,
     help="Tables directory (default RUN_DIR/tables; required for several runs).",
 )
 @click.option(

@@ -27,7 +27,13 @@ from pipeline.store.schema import SchemaVersionError
     is_flag=True,
     help="Report incomplete runs (complete: false) anyway; a notice says how much they hold.",
 )
-def report(run_dirs, out_dir, quiet, partial):
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Overwrite files in --out that fullece did not write (report.html, the PNGs, "
+    "metrics.json); without it they are refused.",
+)
+def report(run_dirs, out_dir, quiet, partial, force):
     """PNG figures and a self-contained HTML page for one or several runs."""
     from pipeline.store.run import describe_coverage, require_complete
 
@@ -40,7 +46,7 @@ def report(run_dirs, out_dir, quiet, partial):
                     f"fullece: {run_dir}: PARTIAL RUN (complete: false): {describe_coverage(info)}",
                     err=True,
                 )
-        path = write_report(list(run_dirs), out_dir, quiet=quiet)
+        path = write_report(list(run_dirs), out_dir, quiet=quiet, force=force)
     except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:
         fail(err)
     click.echo(str(path))

@@ -12,6 +12,19 @@ cells around the best grid point (the grid is extended outward when the best
 point is at an end) and refined by passes that each evaluate a batch of
 log-spaced temperatures inside the bracket, shrinking it until its width is
 below the requested relative tolerance.
+
+A finite minimiser need not exist. With g(β) = NLL, g'(β) = mean(E_β[z] − z_label)
+(E_β: the mean of a row's logits under softmax(β z)), g'(0) = mean(mean_k z − z_label)
+and g'(β) → mean(max z − z_label) as β → ∞. So, exactly:
+
+* every row constant: NLL = ln K at every T (``nll_minimiser = "constant"``);
+* every label attains its row's maximum: g' <= 0 everywhere, NLL decreases as
+  T → 0 toward mean(ln #maxima) (``"T->0"``);
+* otherwise g'(0) >= 0: NLL decreases as T → ∞ toward ln K (``"T->inf"``);
+* otherwise the minimiser is finite (``"finite"``), and is refined as above.
+
+These are decided on the first pass over the data; in the three limit cases
+T* is null (there is nothing to refine), and the infimum is reported instead.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ DEFAULT_GRID = (0.25, 4.0, 17)  # 17 log-spaced points: T = 1 is one of them
 REFINE_POINTS = 8  # temperatures per refinement pass (bracket shrinks 4.5x per pass)
 DEFAULT_CHUNK_ROWS = 1024
 MAX_EXTEND = 40  # outward grid steps when the optimum lies beyond the grid
+MAX_BINS = 1_000_000  # the documented cap on M (docs/trust.md): _Sums holds 4 x M per T
 
 
 def temperature_grid(lo: float, hi: float, n: int) -> np.ndarray:
@@ -54,10 +68,66 @@ def parse_grid(text: str) -> tuple[float, float, int]:
     return lo, hi, n
 
 
+def check_temperature_bins(n_bins) -> int:
+    """M for a temperature scan: check_n_bins, and at most MAX_BINS (the sums
+    take 32 bytes per bin and temperature: 5 GB at M = 2e7)."""
+    n_bins = check_n_bins(n_bins)
+    if n_bins > MAX_BINS:
+        raise ValueError(f"--bins {n_bins}: M is capped at {MAX_BINS:,} (docs/trust.md)")
+    return n_bins
+
+
+class _Shape:
+    """What decides whether NLL(T) has a finite minimiser (module docstring),
+    accumulated over the rows of one pass."""
+
+    def __init__(self):
+        self.n = 0
+        self.slope_at_zero = 0.0  # Σ (mean_k z − z_label) = n · g'(β = 0)
+        self.label_at_max = True  # every label attains its row's maximum
+        self.constant = True  # every row's logits are all equal
+        self.log_ties = 0.0  # Σ ln #(maxima of the row)
+        self.vocab = 0
+
+    def update(self, x: np.ndarray, y: np.ndarray) -> None:
+        rows = np.arange(x.shape[0])
+        top = x.max(axis=1)
+        label_z = x[rows, y]
+        self.slope_at_zero += float((x.mean(axis=1, dtype=np.float64) - label_z).sum())
+        self.label_at_max &= bool((label_z == top).all())
+        self.constant &= bool((x.min(axis=1) == top).all())
+        self.log_ties += float(np.log((x == top[:, None]).sum(axis=1)).sum())
+        self.vocab = x.shape[1]
+        self.n += x.shape[0]
+
+    def result(self) -> dict:
+        """{"nll_minimiser", "nll_infimum", "nll_note"}; infimum and note None when finite."""
+        ln_k = math.log(self.vocab) if self.vocab else 0.0
+        if self.constant:
+            kind, inf = "constant", ln_k
+            note = "no unique minimiser: every row's logits are equal, NLL = ln K at every T"
+        elif self.label_at_max:
+            kind, inf = "T->0", self.log_ties / self.n
+            note = (
+                "no finite minimiser: every label is its row's top-1, so NLL decreases as "
+                f"T -> 0 (toward {inf:.6g})"
+            )
+        elif self.slope_at_zero >= 0:
+            kind, inf = "T->inf", ln_k
+            note = (
+                "no finite minimiser: the labels' logits are on average at or below their "
+                f"rows' mean, so NLL decreases as T -> infinity (toward ln K = {inf:.6g})"
+            )
+        else:
+            return {"nll_minimiser": "finite", "nll_infimum": None, "nll_note": None}
+        return {"nll_minimiser": kind, "nll_infimum": inf, "nll_note": note}
+
+
 class _Sums:
     """Per temperature: Σ −ln p(label), top-1 and pooled per-bin sums."""
 
-    def __init__(self, temperatures, n_bins: int):
+    def __init__(self, temperatures, n_bins: int, shape: _Shape | None = None):
+        self.shape = shape
         self.t = np.asarray(temperatures, np.float64)
         b = self.t.size
         self.m = n_bins
@@ -73,6 +143,8 @@ class _Sums:
         y = np.asarray(labels, np.int64)
         rows = np.arange(x.shape[0])
         m = self.m
+        if self.shape is not None:
+            self.shape.update(x, y)
         for i, t in enumerate(self.t):
             p = probs_of_record(x / np.float32(t))
             label_p = p[rows, y]
@@ -107,11 +179,14 @@ class _Sums:
 BlockSource = Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]
 
 
-def scan_blocks(blocks: BlockSource, temperatures, n_bins: int = 10) -> list[dict]:
+def scan_blocks(
+    blocks: BlockSource, temperatures, n_bins: int = 10, shape: _Shape | None = None
+) -> list[dict]:
     """One pass over ``blocks()`` (an iterable of (logits [r, K], labels [r]))
-    evaluating every temperature given; one row per temperature."""
-    n_bins = check_n_bins(n_bins)
-    sums = _Sums(temperatures, n_bins)
+    evaluating every temperature given; one row per temperature. `shape`, when
+    given, also accumulates what decides whether a finite minimiser exists."""
+    n_bins = check_temperature_bins(n_bins)
+    sums = _Sums(temperatures, n_bins, shape)
     for logits, labels in blocks():
         sums.update(logits, labels)
     if sums.n == 0:
@@ -162,6 +237,8 @@ def _refine(blocks: BlockSource, grid_rows: list[dict], n_bins: int, rtol: float
         rows = sorted(evaluated.values(), key=lambda r: r["temperature"])
         step *= 2.0
     i = min(range(len(rows)), key=lambda k: rows[k]["nll"])
+    if not 0 < i < len(rows) - 1:
+        return None, None, passes  # not bracketed within MAX_EXTEND steps
     lo = rows[max(i - 1, 0)]["temperature"]
     hi = rows[min(i + 1, len(rows) - 1)]["temperature"]
     best = rows[i]
@@ -216,17 +293,29 @@ def temperature_scan(
     temps = np.unique(temps)
     if temps.size == 0 or not np.all(np.isfinite(temps)) or np.any(temps <= 0):
         raise ValueError("temperatures must be positive and finite")
-    rows = scan_blocks(blocks, temps, n_bins)
+    shape = _Shape()
+    rows = scan_blocks(blocks, temps, n_bins, shape)
     out = {"M": n_bins, "grid": rows, "best_nll_temperature": None, "best": None}
     if refine:
         if temps.size < 2:
             raise ValueError("refining the NLL optimum needs at least two temperatures")
-        best, bracket, passes = _refine(blocks, rows, n_bins, rtol, progress)
+        found = shape.result()
+        best, bracket, passes = None, None, 0
+        if found["nll_minimiser"] == "finite":
+            best, bracket, passes = _refine(blocks, rows, n_bins, rtol, progress)
+            if best is None:
+                found = {
+                    "nll_minimiser": "unresolved",
+                    "nll_infimum": None,
+                    "nll_note": "the NLL minimiser lies beyond the temperatures scanned "
+                    f"(extended {MAX_EXTEND} steps outward); T* not determined",
+                }
         out.update(
-            best_nll_temperature=best["temperature"],
+            best_nll_temperature=None if best is None else best["temperature"],
             best=best,
             bracket=bracket,
             rtol=rtol,
             passes=1 + passes,
+            **found,
         )
     return out

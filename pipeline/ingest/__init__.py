@@ -15,14 +15,18 @@ cw-ECE is reported as an interval. No torch here.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
+
+import numpy as np
 
 from pipeline.ingest.convert import DEFAULT_SUM_TOLERANCE, EntryBatch, IngestError
 from pipeline.ingest.writer import (
     DEFAULT_SHARD_POSITIONS,
     ImportWriter,
     already_imported,
+    check_out,
     source_files,
 )
 
@@ -45,9 +49,15 @@ def vocab_size_from_model(model_dir) -> tuple[int, dict]:
     if not path.is_file():
         raise IngestError(f"{path}: no config.json (give --vocab-size K instead)")
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(path.read_bytes().decode("utf-8"))
     except json.JSONDecodeError as err:
-        raise IngestError(f"{path}: not valid JSON ({err})") from err
+        raise IngestError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from err
+    except UnicodeDecodeError as err:
+        raise IngestError(f"{path}: not UTF-8 (byte {err.start})") from None
+    except RecursionError:
+        raise IngestError(f"{path}: JSON nested too deeply to read") from None
+    if not isinstance(config, dict):
+        raise IngestError(f"{path}: expected a JSON object")
     k = config.get("vocab_size")
     if k is None and isinstance(config.get("text_config"), dict):
         k = config["text_config"].get("vocab_size")
@@ -59,28 +69,58 @@ def vocab_size_from_model(model_dir) -> tuple[int, dict]:
     return k, model
 
 
+MAX_VOCAB_SIZE = (1 << 31) - 1  # positions store label and ids as int32
+
+
+def check_vocab_size(vocab_size) -> int:
+    """K: an integer in [1, 2^31 - 1] (an int32 holds every id below it)."""
+    if (
+        isinstance(vocab_size, bool)
+        or not isinstance(vocab_size, (int, np.integer))
+        or not 1 <= vocab_size <= MAX_VOCAB_SIZE
+    ):
+        raise IngestError(
+            f"the vocabulary size K must be an integer in [1, {MAX_VOCAB_SIZE}], got {vocab_size!r}"
+        )
+    return int(vocab_size)
+
+
+def check_sum_tolerance(sum_tolerance) -> float:
+    """The sum tolerance: a finite number in [0, 1] (NaN would switch every sum check off)."""
+    try:
+        value = float(sum_tolerance)
+    except (TypeError, ValueError):
+        value = math.nan
+    if isinstance(sum_tolerance, bool) or not 0.0 <= value <= 1.0:
+        raise IngestError(
+            f"--sum-tolerance must be a finite number in [0, 1], got {sum_tolerance!r}"
+        )
+    return value
+
+
 def _run_import(
     kind, reader, files, out, vocab_size, label, model, sum_tolerance, shard_positions, progress
 ):
     from tqdm import tqdm
 
     out = Path(out)
-    if vocab_size is None or int(vocab_size) < 1:
-        raise IngestError("the vocabulary size K must be a positive integer")
+    check_vocab_size(vocab_size)
+    check_sum_tolerance(sum_tolerance)
     if not files:
         raise IngestError("no input files")
-    sources = source_files(files)
-    if already_imported(out, kind, sources, int(vocab_size)):
-        from pipeline.store.manifest import load_manifest
+    from pipeline.store.manifest import load_manifest
 
+    # --out is checked, and the temporary run directory made beside it, before
+    # any input is read: a bad --out fails at once, not after the whole import
+    check_out(out)
+    if already_imported(out, kind, source_files(files), int(vocab_size)):
         return out, load_manifest(out), False
     stats: dict = {}
-    source = {"kind": kind, "files": sources}
     with (
         ImportWriter(
             out,
             vocab_size=vocab_size,
-            source=source,
+            source={"kind": kind},
             label=label,
             model=model,
             sum_tolerance=sum_tolerance,
@@ -95,13 +135,12 @@ def _run_import(
             leave=False,
         ) as bar,
     ):
+        writer.source["files"] = source_files(files)
         # batches no larger than a shard, so shards close near shard_positions
         batch_positions = max(1, min(shard_positions, 16384))
         for batch in reader([Path(f) for f in files], stats, batch_positions):
             bar.update(writer.add(batch))
-        source.update(stats)
-    from pipeline.store.manifest import load_manifest
-
+        writer.source.update(stats)
     return out, load_manifest(out), True
 
 

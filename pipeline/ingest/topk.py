@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline import DEFAULT_FINE_BINS
 from pipeline.ingest.convert import EntryBatch, IngestError
 
 REQUIRED = ("doc_id", "label", "ids", "logprobs")
@@ -36,19 +37,56 @@ BATCH_ROWS = 65536
 LABEL_LOGPROB_TOLERANCE = 1e-6
 
 
-def _list_parts(col: pa.Array, name: str, where):
+INT64_MAX = (1 << 63) - 1
+INT32_MAX = (1 << 31) - 1
+# aggregate keys a document's bins as doc_id * (F + 1) + bin in an int64: the
+# largest doc_id it accepts at the default fine grid F (topk_pass._DOC_LIMIT)
+DOC_ID_MAX = (1 << 62) // (DEFAULT_FINE_BINS + 1)
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+def _as_int64(values: pa.Array, name: str, where_value) -> np.ndarray:
+    """An integer Arrow array as int64, refusing values an int64 cannot hold
+    (uint64 above 2^63 - 1 would wrap to negative numbers)."""
+    out = values.to_numpy(zero_copy_only=False)
+    if out.dtype == np.uint64 and out.size and out.max() > INT64_MAX:
+        j = int(np.flatnonzero(out > INT64_MAX)[0])
+        raise IngestError(f"{where_value(j)}: {name} {int(out[j])} is too large (above 2^63 - 1)")
+    return out.astype(np.int64)
+
+
+def _list_parts(col: pa.Array, name: str, where, integer: bool):
+    """(offsets, values) of a list column: integers (ids) or numbers (logprobs);
+    strings, booleans and floats where integers belong are refused, not cast."""
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
     if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
         raise IngestError(f"{where(None)}: column {name!r} must be a list, not {col.type}")
+    element = col.type.value_type
+    if not (pa.types.is_integer(element) if integer else _is_number(element)):
+        kind = "integers" if integer else "numbers"
+        raise IngestError(
+            f"{where(None)}: column {name!r} must be a list of {kind}, not {col.type} "
+            "(values are not converted)"
+        )
     if col.null_count:
         i = int(np.flatnonzero(~col.is_valid().to_numpy(zero_copy_only=False))[0])
         raise IngestError(f"{where(i)}: {name} is null")
     offsets = col.offsets.to_numpy().astype(np.int64)
     values = col.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    offsets = offsets - offsets[0]
     if values.null_count:
         raise IngestError(f"{where(None)}: column {name!r} holds null elements")
-    return offsets - offsets[0], values.to_numpy(zero_copy_only=False)
+    if not integer:
+        return offsets, values.to_numpy(zero_copy_only=False)
+
+    def where_value(j):
+        return where(int(np.searchsorted(offsets, j, side="right") - 1))
+
+    return offsets, _as_int64(values, name, where_value)
 
 
 def _int_column(batch, name, where):
@@ -58,7 +96,31 @@ def _int_column(batch, name, where):
     if col.null_count:
         i = int(np.flatnonzero(~col.is_valid().to_numpy(zero_copy_only=False))[0])
         raise IngestError(f"{where(i)}: {name} is null")
-    return col.to_numpy(zero_copy_only=False).astype(np.int64)
+    return _as_int64(col, name, where)
+
+
+def _check_range(values: np.ndarray, name: str, lo: int, hi: int, why: str, where) -> None:
+    bad = (values < lo) | (values > hi)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise IngestError(f"{where(i)}: {name} {int(values[i])} outside [{lo}, {hi}] ({why})")
+
+
+def _batches(pf: pq.ParquetFile, path: Path, batch_rows: int, columns: list[str]):
+    """pf's record batches; a damaged page becomes an error naming the file and row."""
+    rows = 0
+    batches = pf.iter_batches(batch_size=batch_rows, columns=columns)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (OSError, pa.ArrowException) as err:
+            raise IngestError(
+                f"{path}: row {rows} onward: unreadable Parquet data ({err})"
+            ) from None
+        rows += batch.num_rows
+        yield batch
 
 
 def read_topk(paths, stats: dict, batch_positions: int = BATCH_ROWS):
@@ -82,23 +144,23 @@ def read_topk(paths, stats: dict, batch_positions: int = BATCH_ROWS):
             raise IngestError(f"{path}: empty file (no rows)")
         columns = list(REQUIRED) + [c for c in OPTIONAL if c in names]
         base = 0
-        for batch in pf.iter_batches(batch_size=batch_positions, columns=columns):
+        for batch in _batches(pf, path, batch_positions, columns):
             n = batch.num_rows
 
             def where(i, base=base, path=path):
                 return f"{path}" if i is None else f"{path}: row {base + i}"
 
             doc = _int_column(batch, "doc_id", where)
+            _check_range(doc, "doc_id", 0, DOC_ID_MAX, "what validate and aggregate accept", where)
             label = _int_column(batch, "label", where)
-            id_off, ids = _list_parts(batch.column("ids"), "ids", where)
-            lp_off, lps = _list_parts(batch.column("logprobs"), "logprobs", where)
+            id_off, ids = _list_parts(batch.column("ids"), "ids", where, integer=True)
+            lp_off, lps = _list_parts(batch.column("logprobs"), "logprobs", where, integer=False)
             if not np.array_equal(id_off, lp_off):
                 i = int(np.flatnonzero(np.diff(id_off) != np.diff(lp_off))[0])
                 raise IngestError(
                     f"{where(i)}: lengths disagree: {id_off[i + 1] - id_off[i]} ids but "
                     f"{lp_off[i + 1] - lp_off[i]} logprobs"
                 )
-            ids = ids.astype(np.int64)
             lps = lps.astype(np.float64)
             # document order: a document's rows are contiguous
             change = np.flatnonzero(np.diff(doc) != 0) + 1
@@ -118,6 +180,7 @@ def read_topk(paths, stats: dict, batch_positions: int = BATCH_ROWS):
             same_doc = np.concatenate([[doc[0] == last_doc], doc[1:] == doc[:-1]])
             if "offset" in batch.schema.names:
                 offset = _int_column(batch, "offset", where)
+                _check_range(offset, "offset", 1, INT32_MAX, "a token index >= 1, int32", where)
                 prev = np.concatenate([[last_offset], offset[:-1]])
                 bad = same_doc & (offset <= prev)
                 if bad.any():
@@ -130,11 +193,17 @@ def read_topk(paths, stats: dict, batch_positions: int = BATCH_ROWS):
                 idx = np.arange(n)
                 start_of = np.maximum.accumulate(np.where(~same_doc, idx, -1))
                 offset = np.where(start_of >= 0, idx - start_of + 1, last_offset + 1 + idx)
+                _check_range(offset, "offset", 1, INT32_MAX, "a token index >= 1, int32", where)
             row = np.repeat(np.arange(n), np.diff(id_off))
             topk = np.ones(len(ids), dtype=bool)
             has_label = np.bincount(row[ids == label[row]], minlength=n) > 0
             if "label_logprob" in batch.schema.names:
                 ll_col = batch.column("label_logprob")
+                if not _is_number(ll_col.type):
+                    raise IngestError(
+                        f"{where(None)}: column 'label_logprob' must be a number, not "
+                        f"{ll_col.type} (values are not converted)"
+                    )
                 ll = pc.fill_null(ll_col, float("nan")).to_numpy(zero_copy_only=False)
                 ll = ll.astype(np.float64)
                 add = ~has_label & ~np.isnan(ll)

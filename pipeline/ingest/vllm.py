@@ -30,6 +30,7 @@ import numpy as np
 from pipeline.ingest.convert import EntryBatch, IngestError
 
 BATCH_POSITIONS = 16384
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 class _Object(list):
@@ -40,31 +41,55 @@ class _Object(list):
     __slots__ = ()
 
 
-def _loads(text: str):
-    return json.loads(text, object_pairs_hook=_Object)
+def _loads(raw: bytes, path: Path, first_line: int):
+    """Parse UTF-8 JSON text that starts at line `first_line` of `path`; every
+    failure (bad bytes, bad JSON, nesting deeper than Python's stack) becomes an
+    IngestError naming file and line."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = first_line + raw.count(b"\n", 0, err.start)
+        raise IngestError(
+            f"{path}:{line}: not UTF-8 (byte 0x{raw[err.start]:02x}); "
+            "JSON dumps must be UTF-8 encoded"
+        ) from None
+    try:
+        return json.loads(text, object_pairs_hook=_Object)
+    except json.JSONDecodeError as err:
+        raise IngestError(
+            f"{path}:{first_line + err.lineno - 1}: not valid JSON ({err.msg})"
+        ) from None
+    except RecursionError:
+        raise IngestError(
+            f"{path}:{first_line}: JSON nested too deeply to read (no dump nests like this)"
+        ) from None
 
 
-def _as_dict(x):
-    return dict(x) if type(x) is _Object else x
+def _fields(where: str, obj: _Object) -> dict:
+    """A JSON object's fields as a dict; a field given twice is refused (JSON
+    parsers disagree on which value wins)."""
+    fields = dict(obj)
+    if len(fields) != len(obj):
+        seen = set()
+        twice = next(k for k, _ in obj if k in seen or seen.add(k))
+        raise IngestError(f"{where}: field {twice!r} appears twice in one object")
+    return fields
 
 
 def iter_records(path: Path):
-    """Yield (where, record) for every record of a file: where = 'FILE:LINE' or 'FILE: item I'."""
-    with open(path, encoding="utf-8") as f:
-        head = ""
-        while True:
-            ch = f.read(1)
-            if not ch or not ch.isspace():
-                head = ch
-                break
+    """Yield (where, record) for every record of a file: where = 'FILE:LINE' or 'FILE: item I'.
+
+    Lines are read as bytes and decoded one by one, so an error names its line."""
+    with open(path, "rb") as f:
+        head = f.read(4096).lstrip()
+        while not head:
+            block = f.read(1 << 16)
+            if not block:
+                raise IngestError(f"{path}: empty file (no documents)")
+            head = block.lstrip()
         f.seek(0)
-        if head == "":
-            raise IngestError(f"{path}: empty file (no documents)")
-        if head == "[":
-            try:
-                records = _loads(f.read())
-            except json.JSONDecodeError as err:
-                raise IngestError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from err
+        if head[:1] == b"[":
+            records = _loads(f.read(), path, 1)
             if not isinstance(records, list) or not records:
                 raise IngestError(f"{path}: empty JSON list (no documents)")
             for i, rec in enumerate(records):
@@ -73,18 +98,14 @@ def iter_records(path: Path):
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            try:
-                rec = _loads(line)
-            except json.JSONDecodeError as err:
-                raise IngestError(f"{path}:{line_no}: not valid JSON ({err.msg})") from err
-            yield f"{path}:{line_no}", rec
+            yield f"{path}:{line_no}", _loads(line.rstrip(b"\r\n"), path, line_no)
 
 
 def record_documents(where: str, rec):
     """The (token_ids, prompt_logprobs) documents of one record."""
     if type(rec) is not _Object:
         raise IngestError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-    rec = dict(rec)
+    rec = _fields(where, rec)
     if "choices" in rec and "prompt_logprobs" not in rec:
         choices = rec["choices"]
         if type(choices) is not list or not choices:
@@ -93,7 +114,7 @@ def record_documents(where: str, rec):
         for c in choices:
             if type(c) is not _Object:
                 raise IngestError(f"{where}: a choice is not a JSON object")
-            c = dict(c)
+            c = _fields(where, c)
             docs.append(
                 (c.get("prompt_token_ids", rec.get("prompt_token_ids")), c.get("prompt_logprobs"))
             )
@@ -116,6 +137,11 @@ def record_documents(where: str, rec):
         if not set(map(type, ids)) <= {int}:
             t = next(i for i, x in enumerate(ids) if type(x) is not int)
             raise IngestError(f"{where}: prompt_token_ids[{t}] = {ids[t]!r} is not a token id")
+        if ids and not (INT64_MIN <= min(ids) and max(ids) <= INT64_MAX):
+            t = next(i for i, x in enumerate(ids) if not INT64_MIN <= x <= INT64_MAX)
+            raise IngestError(
+                f"{where}: prompt_token_ids[{t}] = {ids[t]} is not a token id (too large)"
+            )
     return docs
 
 
@@ -150,8 +176,10 @@ class _Collector:
         except (ValueError, OverflowError):
             for j, key in enumerate(self.keys):
                 try:
-                    int(key)
+                    fits = INT64_MIN <= int(key) <= INT64_MAX
                 except ValueError:
+                    fits = False
+                if not fits:
                     raise IngestError(
                         f"{self._name(int(row[j]))}: key {key!r} is not a token id"
                     ) from None
@@ -162,6 +190,14 @@ class _Collector:
                 f"{self._name(int(row[j]))}: logprob of token {self.keys[j]} is "
                 f"{self.lps[j]!r}, not a number"
             )
+        try:
+            logprobs = np.asarray(self.lps, dtype=np.float64)
+        except OverflowError:  # an integer beyond float64's range
+            j = next(j for j, x in enumerate(self.lps) if abs(x) > 1e308)
+            raise IngestError(
+                f"{self._name(int(row[j]))}: logprob of token {self.keys[j]} is "
+                f"{self.lps[j]}, out of range"
+            ) from None
         where = self.where
         b = EntryBatch(
             doc_id=np.asarray(self.doc_id, dtype=np.int64),
@@ -169,7 +205,7 @@ class _Collector:
             label=np.asarray(self.label, dtype=np.int64),
             row=row,
             ids=ids,
-            logprobs=np.asarray(self.lps, dtype=np.float64),
+            logprobs=logprobs,
             topk=np.asarray(self.topk, dtype=bool),
             where=lambda i, where=where: f"{where[i][0]}: position {where[i][1]}",
         )
@@ -191,6 +227,9 @@ class _Collector:
             n = len(keys)
             if n and all(type(v) is _Object for v in values):
                 fields = [dict(v) for v in values]
+                if any(len(f) != len(v) for f, v in zip(fields, values, strict=True)):
+                    j = next(j for j, v in enumerate(values) if len(fields[j]) != len(v))
+                    _fields(f"{where}: position {t}: token {keys[j]}", values[j])
                 lps = [f.get("logprob") for f in fields]
                 ranks = [f.get("rank") for f in fields]
                 if set(map(type, ranks)) <= {int}:
@@ -205,7 +244,10 @@ class _Collector:
                 else:
                     ranks = None
             else:
-                lps = [_as_dict(v).get("logprob") if type(v) is _Object else v for v in values]
+                lps = [
+                    _fields(f"{where}: position {t}", v).get("logprob") if type(v) is _Object else v
+                    for v in values
+                ]
                 ranks = None
             if ranks is None:
                 # no ranks: every entry but the label is top-k (the label too when alone)

@@ -46,6 +46,35 @@ def source_files(paths) -> list[dict]:
     return out
 
 
+def check_out(out: Path) -> None:
+    """Refuse an --out that the final rename could not replace, before any input
+    is read: a symbolic link (the rename would replace the link, not fill its
+    target), a file, a mount point (busy: it cannot be removed or renamed over),
+    a directory holding anything but a run, or a place that cannot be written."""
+    if out.is_symlink():
+        raise IngestError(
+            f"--out {out}: is a symbolic link (to {os.readlink(out)}); an import creates "
+            "--out by renaming a directory onto it: give the real path"
+        )
+    if out.exists():
+        if not out.is_dir():
+            raise IngestError(f"--out {out}: exists and is not a directory; choose a new --out")
+        if os.path.ismount(out):
+            raise IngestError(
+                f"--out {out}: is a mount point, which a rename cannot replace; give a new "
+                f"directory inside it, e.g. --out {out / 'run'}"
+            )
+        if not (out / MANIFEST_NAME).exists() and any(out.iterdir()):
+            raise IngestError(
+                f"{out}: already exists and is not this import; choose a new --out or remove it"
+            )
+    parent = out.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise IngestError(f"--out {out}: cannot create it: {parent} is not a writable directory")
+
+
 def already_imported(out: Path, kind: str, files: list[dict], vocab_size: int) -> bool:
     """True when `out` is a complete import of exactly these files (same K)."""
     if not (out / MANIFEST_NAME).exists():
@@ -93,7 +122,8 @@ class ImportWriter:
 
     # ------------------------------------------------------------ lifecycle
     def __enter__(self):
-        if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
+        check_out(self.out)
+        if self.out.exists() and any(self.out.iterdir()):
             raise IngestError(
                 f"{self.out}: already exists and is not this import; choose a new --out "
                 "or remove it"

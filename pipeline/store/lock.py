@@ -1,5 +1,8 @@
 """One writer per run directory: an advisory lock on ``RUN_DIR/.lock``.
 
+Tables directories are locked the same way (``TABLES/.lock``, held by
+``fullece aggregate`` while it writes them).
+
 ``fcntl.flock`` is held for as long as the writer runs and is released by the
 kernel when the process dies (kill -9 included), so a stale lock never blocks a
 resume. The file records the holder (pid, host, command, start time) so the
@@ -54,9 +57,10 @@ class RunLock:
     naming the holder when another process has it.
     """
 
-    def __init__(self, run_dir, *, purpose: str = "write"):
+    def __init__(self, run_dir, *, purpose: str = "write", tables: bool = False):
         self.run_dir = Path(run_dir)
         self.purpose = purpose
+        self.tables = tables  # a tables directory: its refusal says so
         self._fd: int | None = None
 
     @property
@@ -75,6 +79,12 @@ class RunLock:
         except BlockingIOError:
             os.close(fd)
             holder = read_holder(self.run_dir)
+            if self.tables:
+                raise RunLockedError(
+                    f"{self.run_dir}: locked: tables being written by "
+                    f"{describe_holder(holder)}; two writers would mix two merges. Wait "
+                    "for that process to finish, then rerun"
+                ) from None
             raise RunLockedError(
                 f"{self.run_dir} is being written by {describe_holder(holder)}; "
                 f"two writers would corrupt it. Wait for that process to finish "

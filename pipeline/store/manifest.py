@@ -43,14 +43,40 @@ def manifest_path(run_dir) -> Path:
     return Path(run_dir) / MANIFEST_NAME
 
 
+class _NonFinite(str):
+    """A NaN/Infinity token of a manifest (not JSON; fullece never writes one)."""
+
+
+def _parse_manifest(path: Path) -> dict:
+    """manifest.json parsed; undecodable bytes, JSON nested beyond Python's
+    stack and NaN/Infinity become a RunError naming the file (and field)."""
+    try:
+        manifest = json.loads(path.read_bytes().decode("utf-8"), parse_constant=_NonFinite)
+    except UnicodeDecodeError as err:
+        raise RunError(f"{path}: not UTF-8 (byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise RunError(f"{path}: not valid JSON ({err})") from err
+    except RecursionError:
+        raise RunError(f"{path}: JSON nested too deeply to read") from None
+    stack = [("$", manifest)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, _NonFinite):
+            raise RunError(f"{path}: {where} is {value}, which is not a JSON number")
+        if isinstance(value, dict):
+            stack.extend((f"{where}.{k}", v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+    if not isinstance(manifest, dict):
+        raise RunError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+    return manifest
+
+
 def load_manifest(run_dir) -> dict:
     path = manifest_path(run_dir)
     if not path.exists():
         raise RunError(f"{run_dir}: not a fullece run (no {MANIFEST_NAME})")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise RunError(f"{path}: not valid JSON ({err})") from err
+    manifest = _parse_manifest(path)
     check_version(manifest.get("schema_version"), str(path))
     for key in ("vocab_size", "store", "shards"):
         if key not in manifest:

@@ -687,10 +687,13 @@ def completeness(run_dir) -> dict:
     """How much of its slice a run holds: ``{"complete", "positions",
     "positions_total" (int or None: known only once extraction is complete, or
     when the manifest records a plan), "documents", "documents_total"}``.
-    A tables directory without a run counts as complete (nothing to compare)."""
+    A tables directory (``aggregate --out DIR``) is as complete as the runs its
+    meta.json records (pipeline.store.tablestore.tables_coverage)."""
     run_dir = Path(run_dir)
     if not is_run(run_dir):
-        return {"complete": True, "positions": None, "positions_total": None}
+        from pipeline.store.tablestore import tables_coverage
+
+        return tables_coverage(run_dir)
     manifest = load_manifest(run_dir)
     shards = manifest.get("shards") or []
     positions = int(sum(int(s.get("rows", 0)) for s in shards))
@@ -730,7 +733,8 @@ def require_complete(run_dir, partial: bool = False) -> dict:
     info = completeness(run_dir)
     if not info["complete"] and not partial:
         raise RunError(
-            f"{run_dir}: incomplete run (complete: false in manifest.json): it holds "
+            f"{run_dir}: incomplete run (complete: false in "
+            f"{info.get('source', 'manifest.json')}): it holds "
             f"{describe_coverage(info)}. Resume the extraction with the same command, or "
             "pass --partial to measure what is there"
         )

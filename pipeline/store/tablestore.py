@@ -129,6 +129,16 @@ def table_checksums(directory) -> dict[str, str]:
     return {name: cached_sha256(Path(directory) / f"{name}.parquet") for name in TABLE_NAMES}
 
 
+def _meta_checksums(directory: Path, meta: dict) -> dict[str, str]:
+    """The four tables' sha256, plus tail_bounds.parquet's when the tables have one."""
+    from pipeline.store.tailbounds import TAIL_BOUNDS_KEY, TAIL_BOUNDS_NAME
+
+    files = table_checksums(directory)
+    if meta.get("class_tail_known", True) is False:
+        files[TAIL_BOUNDS_KEY] = cached_sha256(directory / TAIL_BOUNDS_NAME)
+    return files
+
+
 def save_tables(tables: BinTables, directory, extra_meta: dict | None = None) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -150,7 +160,7 @@ def write_meta(directory, meta: dict) -> None:
     """Write meta.json with the checksums of the table files now in `directory`
     (last: it marks the tables complete)."""
     meta = dict(meta)
-    meta["files"] = table_checksums(directory)
+    meta["files"] = _meta_checksums(Path(directory), meta)
     atomic.write_json(Path(directory) / META_NAME, meta)
 
 
@@ -172,20 +182,74 @@ def tables_meta(*, fine_bins, vocab_size, positions, tail_max, sources) -> dict:
 
 
 def read_meta(directory) -> dict:
+    """meta.json of a tables directory, its fields checked (type, range, and
+    m_exact against tail_max); TablesError naming the file and field otherwise."""
     path = Path(directory) / META_NAME
     if not path.exists():
         raise TablesError(f"{path}: no bin tables here (run `fullece aggregate` first)")
     try:
-        meta = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise TablesError(f"{path}: not valid JSON ({err})") from err
+        meta = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        what = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+        raise TablesError(f"{path}: not valid JSON ({what})") from None
     if not isinstance(meta, dict):
         raise TablesError(f"{path}: not a tables meta.json (expected a JSON object)")
     check_version(meta.get("schema_version"), str(path))
     for key in ("fine_bins", "vocab_size", "positions", "tail_max"):
         if key not in meta:
             raise TablesError(f"{path}: required field {key!r} is missing")
+    _check_meta_fields(path, meta)
     return meta
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_meta_fields(path: Path, meta: dict) -> None:
+    from pipeline.store.tailbounds import TAIL_BOUNDS_NAME
+
+    def bad(key, why):
+        raise TablesError(f"{path}: field {key!r} = {meta.get(key)!r}: {why}")
+
+    for key, low in (("fine_bins", 1), ("vocab_size", 1), ("positions", 0)):
+        if not _is_int(meta[key]) or meta[key] < low:
+            bad(key, f"expected an integer >= {low}")
+    tail_max = meta["tail_max"]
+    if not isinstance(tail_max, (int, float)) or isinstance(tail_max, bool):
+        bad("tail_max", "expected a number in [0, 1]")
+    if not 0.0 <= float(tail_max) <= 1.0:
+        bad("tail_max", "expected a number in [0, 1]")
+    if "m_exact" in meta and meta["m_exact"] != m_exact_from_tail_max(tail_max):
+        bad("m_exact", f"tail_max {tail_max!r} gives {m_exact_from_tail_max(tail_max)!r}")
+    if "tail_bounds" in meta and meta["tail_bounds"] != TAIL_BOUNDS_NAME:
+        bad("tail_bounds", f"expected {TAIL_BOUNDS_NAME!r}, a file of the tables directory")
+    if not isinstance(meta.get("files", {}), dict):
+        bad("files", "expected an object {table: sha256}")
+    runs = meta.get("runs", [])
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        bad("runs", "expected a list of objects")
+
+
+def tables_coverage(directory) -> dict:
+    """The completeness of a tables directory (the shape of
+    ``pipeline.store.run.completeness``): complete only when every run it was
+    built from was complete (``runs[].complete``, recorded at aggregation;
+    tables that do not record it count as incomplete). A directory without a
+    readable meta.json counts as complete here: reading it fails later, naming
+    the problem."""
+    try:
+        meta = read_meta(directory)
+    except ValueError:
+        return {"complete": True, "positions": None, "positions_total": None}
+    runs = meta.get("runs") or []
+    complete = bool(runs) and all(r.get("complete") is True for r in runs)
+    return {
+        "complete": complete,
+        "positions": meta["positions"],
+        "positions_total": meta["positions"] if complete else None,
+        "source": f"{META_NAME} runs[].complete",
+    }
 
 
 def checksum_problems(directory, meta: dict | None = None) -> list[str]:
@@ -198,9 +262,14 @@ def checksum_problems(directory, meta: dict | None = None) -> list[str]:
             f"{directory / META_NAME}: records no checksums of the table files "
             "(tables from an older fullece): re-run `fullece aggregate`"
         ]
+    from pipeline.store.tailbounds import TAIL_BOUNDS_KEY, TAIL_BOUNDS_NAME
+
     problems = []
-    for name in TABLE_NAMES:
-        path = directory / f"{name}.parquet"
+    names = [(name, f"{name}.parquet") for name in TABLE_NAMES]
+    if meta.get("class_tail_known", True) is False:
+        names.append((TAIL_BOUNDS_KEY, TAIL_BOUNDS_NAME))
+    for name, filename in names:
+        path = directory / filename
         if not path.exists():
             problems.append(f"{path}: missing bin table")
         elif cached_sha256(path) != recorded.get(name):
@@ -278,6 +347,8 @@ def check_invariants(arrow: dict[str, pa.Table], meta: dict, where) -> None:
                 f"class_bins.hits and tokens.label_count disagree for {bad.size} class(es), "
                 f"e.g. class {int(bad[0])}"
             )
+        if not found:
+            found.extend(_cross_table_problems(cb, t1, tok, sb, n, k, f))
     if found:
         raise TablesError(
             f"{where}: the bin tables fail their invariants (N={n}, K={k}, F={f}): "
@@ -287,9 +358,54 @@ def check_invariants(arrow: dict[str, pa.Table], meta: dict, where) -> None:
         )
 
 
-# Tables directories verified by this process, keyed by the stat of meta.json
-# and of every table file: verified once, not again on the next load.
-_VERIFIED: set = set()
+def _per_key(table: pa.Table, key: str, column: str, size: int) -> np.ndarray:
+    """Σ `column` grouped by the integer `key` into a dense vector of `size`."""
+    values = table.column(column).to_numpy()
+    sums = np.bincount(table.column(key).to_numpy(), weights=values, minlength=size)
+    return sums.astype(np.int64) if values.dtype.kind in "iu" else sums
+
+
+def _close(a: np.ndarray, b: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Where two float64 sums of the same float32 values (summed in other
+    orders) differ by more than rounding can: |a - b| > 1e-9 · (1 + count)."""
+    return np.abs(a - b) <= 1e-9 * (1.0 + counts)
+
+
+def _cross_table_problems(cb, t1, tok, sb, n, k, f) -> list[str]:
+    """The tables against each other, cell by cell where they overlap: per class,
+    Σ class_bins.p_sum = tokens.p_mass; per fine bin, class_bins and seq_bins
+    pooled over classes and documents agree (n, hits, p_sum), and seq_bins'
+    top-1 columns equal top1_bins."""
+    found = []
+    p_class = _per_key(cb, "class_id", "p_sum", k)
+    p_mass = np.zeros(k)
+    p_mass[tok.column("class_id").to_numpy()] = tok.column("p_mass").to_numpy()
+    bad = np.flatnonzero(~_close(p_class, p_mass, np.full(k, n)))
+    if bad.size:
+        found.append(
+            f"Σ class_bins.p_sum and tokens.p_mass disagree for {bad.size} class(es), "
+            f"e.g. class {int(bad[0])}"
+        )
+    pairs = (("n", "n"), ("hits", "hits"), ("p_sum", "p_sum"))
+    top1 = (("top1_n", "n"), ("correct", "correct"), ("conf_sum", "conf_sum"))
+    for other, other_name, columns in ((cb, "class_bins", pairs), (t1, "top1_bins", top1)):
+        counts = _per_key(other, "bin", "n", f + 1)
+        for seq_col, col in columns:
+            a, b = _per_key(sb, "bin", seq_col, f + 1), _per_key(other, "bin", col, f + 1)
+            ok = (a == b) if a.dtype.kind == "i" and b.dtype.kind == "i" else _close(a, b, counts)
+            bad = np.flatnonzero(~ok)
+            if bad.size:
+                found.append(
+                    f"seq_bins.{seq_col} and {other_name}.{col} per bin disagree in "
+                    f"{bad.size} bin(s), e.g. bin {int(bad[0])}"
+                )
+    return found
+
+
+# The last tables directory verified by this process: its stat key (meta.json
+# and every table file), meta and tables, so the next load of the same files
+# neither verifies nor reads them again.
+_LAST_VERIFIED: list = [None, None, None]
 
 
 def _stat_key(directory: Path):
@@ -306,38 +422,62 @@ def _stat_key(directory: Path):
 def verify_tables(directory) -> dict:
     """Checksums and invariants of the tables in `directory`; returns meta.json.
     Raises TablesError naming the first problem."""
-    directory = Path(directory)
-    if _stat_key(directory) in _VERIFIED:
-        return read_meta(directory)
-    return _verified(directory)[0]
+    return _verified(Path(directory))[0]
+
+
+def _read_verified_file(path: Path, sha256: str | None, name: str | None = None) -> pa.Table:
+    """The Parquet table parsed from exactly the bytes whose sha256 was checked
+    (a file replaced between the check and the read cannot slip in); with
+    `name`, its schema is checked first (a wrong layout is named as such)."""
+    import hashlib
+
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise TablesError(f"{path}: missing bin table (re-run `fullece aggregate`)") from None
+    except OSError as err:
+        raise TablesError(f"{path}: unreadable ({err})") from None
+    try:
+        table = pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
+    except (OSError, pa.ArrowException) as err:
+        raise TablesError(f"{path}: damaged Parquet file ({err})") from err
+    if name is not None:
+        check_table_schema(table.schema, name, str(path))
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise TablesError(
+            f"{path}: checksum differs from {META_NAME} (the table was altered after "
+            "`fullece aggregate` wrote it, or another aggregate replaced it meanwhile)"
+        )
+    return table
 
 
 def _verified(directory: Path):
+    """(meta, arrow tables) read once each: meta.json, then every table from the
+    bytes its recorded sha256 was checked against, then the invariants."""
     key = _stat_key(directory)
+    if key is not None and _LAST_VERIFIED[0] == key:
+        return _LAST_VERIFIED[1], _LAST_VERIFIED[2]
     meta = read_meta(directory)
+    recorded = meta.get("files")
+    if not isinstance(recorded, dict):
+        raise TablesError(
+            f"{directory / META_NAME}: records no checksums of the table files "
+            "(tables from an older fullece): re-run `fullece aggregate`"
+        )
+    arrow = {}
     for name in TABLE_NAMES:
         path = directory / f"{name}.parquet"
-        if not path.exists():
-            raise TablesError(f"{path}: missing bin table (re-run `fullece aggregate`)")
-        try:
-            schema = pq.read_schema(str(path))
-        except (OSError, pa.ArrowException) as err:
-            raise TablesError(f"{path}: damaged Parquet file ({err})") from err
-        check_table_schema(schema, name, str(path))
-    problems = checksum_problems(directory, meta)
-    if problems:
-        raise TablesError(problems[0])
-    arrow = {name: read_table_file(directory / f"{name}.parquet") for name in TABLE_NAMES}
+        arrow[name] = _read_verified_file(path, recorded.get(name), name)
     check_invariants(arrow, meta, directory)
     if key is not None and key == _stat_key(directory) and all(_settled(k[2]) for k in key[1:]):
-        _VERIFIED.add(key)
+        _LAST_VERIFIED[:] = [key, meta, arrow]
     return meta, arrow
 
 
 def load_tables(directory, *, verify: bool = True) -> BinTables:
     """Read verified bin tables (checksums from meta.json, then invariants)."""
     directory = Path(directory)
-    if verify and _stat_key(directory) not in _VERIFIED:
+    if verify:
         meta, arrow = _verified(directory)
     else:
         meta, arrow = read_meta(directory), {}
@@ -355,3 +495,112 @@ def load_tables(directory, *, verify: bool = True) -> BinTables:
         tail_max=meta["tail_max"],
         sources=meta.get("sources"),
     )
+
+
+# ------------------------------------------------------------ input digest
+
+# The positions columns the digest reads: one value per position, a small
+# fraction of a shard (the kept entries are most of it).
+DIGEST_COLUMNS = ("doc_id", "label", "label_prob", "top1_id", "top1_prob", "tail_max")
+
+
+class InputDigest:
+    """What the tables must hold, recomputed from the verified positions
+    shards' per-position columns (DIGEST_COLUMNS): top1_bins in full (n,
+    conf_sum, correct per fine bin), tokens.label_count and top1_count per
+    class, class_bins.hits per fine bin (the label's own bin), the positions
+    of every document (seq_bins' hits and top1_n per seq_id) and tail_max
+    (the top-1 and hit comparisons for top-k stores only).
+    meta.json cannot vouch for any of these: they come from the shards, which
+    the manifest's sha256 pins."""
+
+    def __init__(self, fine_bins: int, vocab_size: int):
+        self.fine_bins, self.vocab_size = int(fine_bins), int(vocab_size)
+        bins, k = self.fine_bins + 1, self.vocab_size
+        self.top1_n = np.zeros(bins, np.int64)
+        self.top1_conf = np.zeros(bins)
+        self.top1_correct = np.zeros(bins, np.int64)
+        self.hits = np.zeros(bins, np.int64)
+        self.label_count = np.zeros(k, np.int64)
+        self.top1_count = np.zeros(k, np.int64)
+        self.positions = 0
+        self._docs: list[tuple[np.ndarray, np.ndarray]] = []
+        # a full-store run's tables take top-1 and the label's bin from its
+        # logits, not from these columns: then only counts per class and
+        # document are compared
+        self.top1_from_positions = True
+
+    def add(self, columns: dict, *, full_store: bool = False) -> float:
+        """Fold one batch of positions; returns its largest tail_max (float32)."""
+        self.top1_from_positions &= not full_store
+        from pipeline.core.binning import fine_bin_index
+
+        f, k = self.fine_bins, self.vocab_size
+        label = np.asarray(columns["label"], np.int64)
+        top1 = np.asarray(columns["top1_id"], np.int64)
+        for name, ids in (("label", label), ("top1_id", top1)):
+            if ids.size and (ids.min() < 0 or ids.max() >= k):
+                raise TablesError(f"positions.{name} outside [0, {k})")
+        top1_bin = fine_bin_index(columns["top1_prob"], f)
+        conf = np.asarray(columns["top1_prob"], np.float32).astype(np.float64)
+        self.top1_n += np.bincount(top1_bin, minlength=f + 1)[: f + 1]
+        self.top1_conf += np.bincount(top1_bin, weights=conf, minlength=f + 1)[: f + 1]
+        self.top1_correct += np.bincount(top1_bin[top1 == label], minlength=f + 1)[: f + 1]
+        self.hits += np.bincount(fine_bin_index(columns["label_prob"], f), minlength=f + 1)[: f + 1]
+        self.label_count += np.bincount(label, minlength=k)
+        self.top1_count += np.bincount(top1, minlength=k)
+        self._docs.append(np.unique(np.asarray(columns["doc_id"], np.int64), return_counts=True))
+        self.positions += label.size
+        tail = np.asarray(columns["tail_max"], np.float32)
+        return float(tail.max()) if tail.size else 0.0
+
+    def documents(self) -> tuple[np.ndarray, np.ndarray]:
+        """(doc_id ascending, positions of each)."""
+        if not self._docs:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        ids = np.concatenate([d[0] for d in self._docs])
+        counts = np.concatenate([d[1] for d in self._docs])
+        unique, inverse = np.unique(ids, return_inverse=True)
+        return unique, np.bincount(inverse, weights=counts).astype(np.int64)
+
+    def problems(self, arrow: dict[str, pa.Table], meta: dict) -> list[str]:
+        """Where the tables disagree with the shards (one line each)."""
+        f, k = self.fine_bins, self.vocab_size
+        cb, t1, tok, sb = (arrow[name] for name in TABLE_NAMES)
+        found = []
+
+        def expect(what, got, want, close_counts=None):
+            ok = (got == want) if close_counts is None else _close(got, want, close_counts)
+            bad = np.flatnonzero(~np.asarray(ok))
+            if bad.size:
+                i = int(bad[0])
+                found.append(f"{what} differs from the shards at {bad.size} key(s), e.g. {i}")
+
+        if int(meta["positions"]) != self.positions:
+            found.append(f"positions = {meta['positions']}, the shards hold {self.positions}")
+            return found
+        if self.top1_from_positions:
+            t1_n = _per_key(t1, "bin", "n", f + 1)
+            expect("top1_bins.n per bin", t1_n, self.top1_n)
+            t1_correct = _per_key(t1, "bin", "correct", f + 1)
+            expect("top1_bins.correct per bin", t1_correct, self.top1_correct)
+            t1_conf = _per_key(t1, "bin", "conf_sum", f + 1)
+            expect("top1_bins.conf_sum per bin", t1_conf, self.top1_conf, self.top1_n)
+            expect("class_bins.hits per bin", _per_key(cb, "bin", "hits", f + 1), self.hits)
+            top1_count = _per_key(tok, "class_id", "top1_count", k)
+            expect("tokens.top1_count", top1_count, self.top1_count)
+        label_count = _per_key(tok, "class_id", "label_count", k)
+        expect("tokens.label_count", label_count, self.label_count)
+        doc_ids, doc_counts = self.documents()
+        seq_ids, inverse = np.unique(sb.column("seq_id").to_numpy(), return_inverse=True)
+        if not np.array_equal(seq_ids, doc_ids):
+            found.append(
+                f"seq_bins.seq_id holds {seq_ids.size} documents, the shards {doc_ids.size}"
+            )
+        else:
+            for col in ("hits", "top1_n"):
+                got = np.bincount(
+                    inverse, weights=sb.column(col).to_numpy(), minlength=len(doc_ids)
+                )
+                expect(f"seq_bins.{col} per document", got.astype(np.int64), doc_counts)
+        return found

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.store.schema import SCHEMA_VERSION
 
 TAIL_BOUNDS_NAME = "tail_bounds.parquet"
+TAIL_BOUNDS_KEY = "tail_bounds"  # its sha256 in meta.json "files"
 TAIL_BOUNDS = pa.schema(
     [
         pa.field("class_id", pa.int32(), nullable=False),
@@ -66,16 +66,40 @@ def reduce_tail_bounds(connect, runs, out: Path, write_query) -> dict:
 
 def read_tail_bounds(tables_dir, meta: dict, vocab_size: int):
     """(tail_mass float64[K], tail_cap float64[K]) of tables whose per-class tail
-    is unknown, or None when every run's per-class tail is known."""
+    is unknown, or None when every run's per-class tail is known.
+
+    The file is always TABLES/tail_bounds.parquet (meta.json cannot point
+    elsewhere), read from the bytes checked against meta.json's sha256, and
+    its values are range-checked."""
+    from pipeline.store.tablestore import META_NAME, TablesError, _read_verified_file
+
     if meta.get("class_tail_known", True):
         return None
-    path = Path(tables_dir) / meta.get("tail_bounds", TAIL_BOUNDS_NAME)
-    if not path.exists():
-        raise ValueError(f"{path}: missing (re-run `fullece aggregate`)")
-    table = pq.read_table(path)
+    meta_path = Path(tables_dir) / META_NAME
+    if meta.get("tail_bounds", TAIL_BOUNDS_NAME) != TAIL_BOUNDS_NAME:
+        raise TablesError(
+            f"{meta_path}: field 'tail_bounds' = {meta.get('tail_bounds')!r}: expected "
+            f"{TAIL_BOUNDS_NAME!r}, a file of the tables directory"
+        )
+    path = Path(tables_dir) / TAIL_BOUNDS_NAME
+    recorded = (meta.get("files") or {}).get(TAIL_BOUNDS_KEY)
+    if not recorded:
+        raise TablesError(
+            f"{meta_path}: field 'files' records no sha256 of {TAIL_BOUNDS_NAME} "
+            "(re-run `fullece aggregate`)"
+        )
+    table = _read_verified_file(path, recorded)
     ids = table.column("class_id").to_numpy()
-    mass = np.zeros(vocab_size, dtype=np.float64)
-    cap = np.zeros(vocab_size, dtype=np.float64)
-    mass[ids] = table.column("tail_mass").to_numpy()
-    cap[ids] = table.column("tail_cap").to_numpy()
-    return mass, cap
+    mass = table.column("tail_mass").to_numpy()
+    cap = table.column("tail_cap").to_numpy()
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size or np.unique(ids).size != ids.size):
+        raise TablesError(f"{path}: class_id outside [0, {vocab_size}) or repeated")
+    if not (np.all(np.isfinite(mass)) and np.all(np.isfinite(cap))):
+        raise TablesError(f"{path}: tail_mass or tail_cap not finite")
+    if mass.size and (mass.min() < 0 or cap.min() < 0):
+        raise TablesError(f"{path}: negative tail_mass or tail_cap")
+    tail_mass = np.zeros(vocab_size, dtype=np.float64)
+    tail_cap = np.zeros(vocab_size, dtype=np.float64)
+    tail_mass[ids] = mass
+    tail_cap[ids] = cap
+    return tail_mass, tail_cap

@@ -189,8 +189,9 @@ def shard_data_problems(shard) -> list[str]:
 
 def table_problems(run_dir) -> list[str]:
     """Problems of RUN_DIR/tables (none when there are no tables yet): damaged
-    or forged table files."""
-    from pipeline.aggregate.executor import TABLES_DIR
+    table files, or tables that claim to be this run's current tables but
+    disagree with its shards (forged). Stale tables are a notice (table_notices)."""
+    from pipeline.aggregate.executor import TABLES_DIR, tables_disagree, tables_status
     from pipeline.store import tablestore
 
     tables_dir = Path(run_dir) / TABLES_DIR
@@ -200,6 +201,14 @@ def table_problems(run_dir) -> list[str]:
         tablestore.verify_tables(tables_dir)
     except ValueError as err:
         return [f"{err} (tables/ can be rebuilt with `fullece aggregate`)"]
+    if tables_status([run_dir], tables_dir, verify=False) is not None:
+        return []  # stale: a notice, rebuilt by the next command that needs them
+    reason = tables_disagree([run_dir], tables_dir)
+    if reason is not None:
+        return [
+            f"{tables_dir}: not the tables of this run's shards ({reason}); "
+            "rebuild them with `fullece aggregate`"
+        ]
     return []
 
 
