@@ -1049,8 +1049,8 @@ def _input_digest(runs: list[Run], fine_bins: int) -> tuple[tablestore.InputDige
             path = shard.path("positions")
             shard_tail, before = 0.0, digest.positions
             try:
-                reader = pq.ParquetFile(str(path), page_checksum_verification=True)
-                for batch in reader.iter_batches(columns=list(tablestore.DIGEST_COLUMNS)):
+                # the store's verified reader: values range-checked, rows named
+                for batch in iter_positions(shard, list(tablestore.DIGEST_COLUMNS)):
                     cols = {n: batch.column(n).to_numpy() for n in tablestore.DIGEST_COLUMNS}
                     full = run.store == "full"
                     shard_tail = max(shard_tail, digest.add(cols, full_store=full))
