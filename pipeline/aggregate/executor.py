@@ -53,8 +53,11 @@ from pipeline.store.run import (
     Shard,
     check_shard,
     iter_logit_blocks,
+    iter_positions,
     open_run,
     open_runs,
+    read_class_tail,
+    read_positions,
 )
 from pipeline.store.schema import (
     CLASS_BINS,
@@ -110,6 +113,9 @@ def _write_query(con, query: str, path: Path, schema: pa.Schema) -> int:
     return rows
 
 
+_TAIL_COLUMNS = ("tail_count", "tail_mass", "tail_max")
+
+
 def _aggregate_topk_shard(
     con,
     shard: Shard,
@@ -147,8 +153,9 @@ def _aggregate_topk_shard(
         "tail_max",
     ]
     try:
-        batches = pq.ParquetFile(str(pos_path)).iter_batches(
-            BATCH_ROWS, columns=columns, use_threads=decode_threads
+        # the kernel checks ids, probabilities and doc_ids; the store the tail columns
+        batches = iter_positions(
+            shard, columns, BATCH_ROWS, use_threads=decode_threads, checked=_TAIL_COLUMNS
         )
         # decode the next batch (pyarrow, GIL released) while the kernel (nogil) folds this one
         with ThreadPoolExecutor(1) as reader:
@@ -169,7 +176,7 @@ def _aggregate_topk_shard(
             "(shard fails validation: each kept id appears once per position)"
         )
     if tail_path is not None:
-        tail = pq.read_table(str(tail_path), columns=["class_id", "tail_count", "tail_mass"])
+        tail = read_class_tail(shard, ["class_id", "tail_count", "tail_mass"])
         class_ids = tail.column("class_id").to_numpy()
         tail_count = tail.column("tail_count").to_numpy()
         if class_ids.size and (class_ids.min() < 0 or class_ids.max() >= k):
@@ -216,8 +223,8 @@ def _aggregate_full_shard(shard: Shard, part_dir: Path, fine_bins: int, bar=None
     from pipeline.core.checks import InputError
 
     check_shard(shard)  # checksums, schemas, shapes: nothing unverified is read
-    pos_path, zpath = shard.path("positions"), shard.path("logits")
-    cols = pq.read_table(str(pos_path), columns=["doc_id", "label"])
+    zpath = shard.path("logits")
+    cols = read_positions(shard, ["doc_id", "label"])
     doc_ids = cols.column("doc_id").to_numpy()
     labels = cols.column("label").to_numpy()
     acc = CalibrationAccumulator(vocab_size=shard.vocab_size, fine_bins=fine_bins)
@@ -1066,8 +1073,8 @@ def _input_digest(runs: list[Run], fine_bins: int) -> tuple[tablestore.InputDige
             path = shard.path("positions")
             shard_tail, before = 0.0, digest.positions
             try:
-                reader = pq.ParquetFile(str(path), page_checksum_verification=True)
-                for batch in reader.iter_batches(columns=list(tablestore.DIGEST_COLUMNS)):
+                # the store's verified reader: values range-checked, rows named
+                for batch in iter_positions(shard, list(tablestore.DIGEST_COLUMNS)):
                     cols = {n: batch.column(n).to_numpy() for n in tablestore.DIGEST_COLUMNS}
                     full = run.store == "full"
                     shard_tail = max(shard_tail, digest.add(cols, full_store=full))

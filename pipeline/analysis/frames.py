@@ -52,21 +52,19 @@ def open_tables(run_dir) -> dict:
 
 
 def open_positions(run_dir):
-    """Every committed shard's positions (manifest order) as one ``pl.LazyFrame``."""
+    """Every committed shard's positions (manifest order) as one ``pl.LazyFrame``.
+
+    Each file is verified first by the store (its sha256 against the manifest,
+    schema, rows, document range); Polars reads them lazily afterwards, so the
+    value ranges that metrics checks batch by batch are not checked here."""
     import polars as pl
 
-    run_dir = Path(run_dir)
-    manifest = load_manifest(run_dir)
-    paths = []
-    for entry in manifest["shards"]:
-        rel = entry.get("positions")
-        if not rel:
-            continue
-        path = run_dir / rel
-        if not path.exists():
-            raise RunError(f"{path}: positions file listed in the manifest is missing")
-        check_table_schema(pq.read_schema(path), "positions", str(path))
-        paths.append(str(path))
+    from pipeline.store.run import open_positions as verified_positions
+    from pipeline.store.run import open_verified_run
+
+    load_manifest(run_dir)  # "not a fullece run" before anything else
+    run = open_verified_run(run_dir)
+    paths = [str(verified_positions(shard)[0]) for shard in run.shards if shard.rows]
     if not paths:
-        raise RunError(f"{run_dir / 'manifest.json'}: the run has no committed shard")
+        raise RunError(f"{Path(run_dir) / 'manifest.json'}: the run has no committed shard")
     return pl.scan_parquet(paths)

@@ -23,7 +23,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from pipeline.core.arrow_numpy import column_numpy
 from pipeline.core.metrics import (
@@ -213,14 +212,15 @@ def _dense_rows_of_shard(shard):
 
 def scan_run(run_dir, *, progress: bool = False, keep_pairs: bool = True) -> PositionScan:
     """One scan over every positions shard of a run (and, in the full store,
-    one streaming pass over its logits for Σ p² and the entropy)."""
-    from pipeline.store.run import open_run
+    one streaming pass over its logits for Σ p² and the entropy), every byte
+    read through the store's verified readers (checksums, value ranges)."""
+    from pipeline.store.run import open_verified_run
 
-    return _scan_runs([open_run(run_dir)], progress=progress, keep_pairs=keep_pairs)
+    return _scan_runs([open_verified_run(run_dir)], progress=progress, keep_pairs=keep_pairs)
 
 
 def _scan_runs(runs, *, progress: bool = False, keep_pairs: bool = True) -> PositionScan:
-    from pipeline.store.run import check_positions
+    from pipeline.store.run import iter_positions, open_positions
 
     scan = PositionScan(keep_pairs)
     bar = None
@@ -231,30 +231,32 @@ def _scan_runs(runs, *, progress: bool = False, keep_pairs: bool = True) -> Posi
     for run, shard in ((r, s) for r in runs for s in r.shards):
         if shard.rows == 0:
             continue
-        path = check_positions(shard)
-        pf = pq.ParquetFile(str(path))
-        cols = list(_COLUMNS) + (["sum_p2"] if "sum_p2" in pf.schema_arrow.names else [])
-        if not scan.keep_pairs and "sum_p2" in cols:
-            # only what the sums need; kept_probs and the tail are read where a batch needs them
-            cols = ["label_prob", "entropy", "sum_p2"]
+        names = open_positions(shard)[1].schema_arrow.names
+        every = list(_COLUMNS) + (["sum_p2"] if "sum_p2" in names else [])
+        # only what the sums need; kept_probs are read where a batch needs them
+        cols = (
+            ["label_prob", "entropy", "sum_p2"] if not keep_pairs and "sum_p2" in names else every
+        )
         dense = _dense_rows_of_shard(shard) if run.store == "full" else None
+        batches = iter_positions(shard, cols, BATCH_ROWS)
         start = 0
-        for index in range(pf.metadata.num_row_groups):
-            for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[index], columns=cols):
-                stop = start + batch.num_rows
-                part = (
-                    None
-                    if dense is None
-                    else {"sum_p2": dense[0][start:stop], "entropy": dense[1][start:stop]}
-                )
-                try:
-                    scan.update(batch, part)
-                except _NeedsKept:
-                    cols = list(_COLUMNS) + ["sum_p2"]
-                    offset = start - sum(pf.metadata.row_group(i).num_rows for i in range(index))
-                    again = pf.read_row_group(index, columns=cols).slice(offset, batch.num_rows)
-                    scan.update(again, part)
-                start = stop
+        while (batch := next(batches, None)) is not None:
+            stop = start + batch.num_rows
+            part = (
+                None
+                if dense is None
+                else {"sum_p2": dense[0][start:stop], "entropy": dense[1][start:stop]}
+            )
+            try:
+                scan.update(batch, part)
+            except _NeedsKept:  # raised before any sum moved: read on with every column
+                batches = iter_positions(shard, every, BATCH_ROWS)
+                skipped = 0
+                while skipped < start:  # batch boundaries do not depend on the columns
+                    skipped += next(batches).num_rows
+                batch = next(batches)
+                scan.update(batch, part)
+            start = stop
             if bar is not None:
                 bar.update(batch.num_rows)
     if bar is not None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from pipeline.core.temperature import DEFAULT_GRID, temperature_scan
 from pipeline.store.manifest import RunError
@@ -15,7 +14,7 @@ TEMPERATURE_JSON_VERSION = 1
 
 
 def _run_blocks(run, progress: bool):
-    from pipeline.store.run import check_positions, iter_logit_blocks
+    from pipeline.store.run import iter_logit_blocks, read_positions
 
     total = sum(s.rows for s in run.shards)
 
@@ -28,7 +27,7 @@ def _run_blocks(run, progress: bool):
         for shard in run.shards:
             if shard.rows == 0:
                 continue
-            labels = pq.read_table(str(check_positions(shard)), columns=["label"])
+            labels = read_positions(shard, ["label"])  # verified, labels in [0, K)
             labels = labels.column("label").to_numpy().astype(np.int64)
             for start, block, _lse in iter_logit_blocks(shard):
                 yield block, labels[start : start + block.shape[0]]
@@ -41,13 +40,22 @@ def _run_blocks(run, progress: bool):
 
 
 def temperature_for_run(
-    run_dir, *, grid=DEFAULT_GRID, n_bins: int = 10, rtol: float = 1e-3, quiet: bool = False
+    run_dir,
+    *,
+    grid=DEFAULT_GRID,
+    n_bins: int = 10,
+    rtol: float = 1e-3,
+    quiet: bool = False,
+    partial: bool = False,
 ) -> dict:
-    """The `fullece temperature` JSON object of a full-store run."""
-    from pipeline.store.run import open_run
+    """The `fullece temperature` JSON object of a full-store run (an incomplete
+    run is refused unless `partial`). Labels and logits are read through the
+    store's verified readers: nothing unverified enters a figure."""
+    from pipeline.store.run import open_verified_run, require_complete
 
     run_dir = Path(run_dir)
-    run = open_run(run_dir)
+    coverage = require_complete(run_dir, partial)
+    run = open_verified_run(run_dir)
     if run.store != "full":
         raise RunError(
             f"{run_dir}: a top-k run ({run.store!r} store) keeps only the largest probabilities; "
@@ -62,8 +70,16 @@ def temperature_for_run(
         rtol=rtol,
         blocks=_run_blocks(run, progress=not quiet),
     )
+    from pipeline.store.run import describe_coverage
+
     return {
         "schema_version": TEMPERATURE_JSON_VERSION,
+        "complete": bool(coverage["complete"]),
+        **(
+            {}
+            if coverage["complete"]
+            else {"notes": [f"partial run (complete: false): {describe_coverage(coverage)}"]}
+        ),
         "run": {"label": run.label, "path": str(run_dir)},
         "positions": sum(s.rows for s in run.shards),
         "vocab_size": run.vocab_size,
@@ -75,8 +91,10 @@ def format_temperature(result: dict) -> str:
     from pipeline.analysis.metrics import fmt
 
     m = result["M"]
-    lines = [
-        f"run: {result['run']['label']}  ({result['run']['path']})",
+    lines = [f"run: {result['run']['label']}  ({result['run']['path']})"]
+    if result.get("complete") is False:
+        lines.append(result["notes"][0].replace("partial run", "PARTIAL RUN", 1))
+    lines += [
         f"N = {result['positions']:,} positions   K = {result['vocab_size']:,} classes   M = {m}",
         "",
         f"{'T':>10}  {'NLL':>12}  {'ECE':>12}  {'Full-ECE':>12}",

@@ -24,7 +24,12 @@ from pipeline.store.schema import SchemaVersionError
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def temperature(run_dir, grid, n_bins, as_json, quiet):
+@click.option(
+    "--partial",
+    is_flag=True,
+    help="Measure an incomplete run (complete: false) anyway; the output says how much it holds.",
+)
+def temperature(run_dir, grid, n_bins, as_json, quiet, partial):
     """NLL, ECE and Full-ECE of a full-store run at each temperature T, recomputed
     exactly from the stored logits (softmax(z / T)), and the NLL-minimising T*
     refined beyond the grid to 1e-3 relative. No GPU needed."""
@@ -38,7 +43,9 @@ def temperature(run_dir, grid, n_bins, as_json, quiet):
     if n_bins < 1:
         raise click.BadParameter("must be a positive integer", param_hint="--bins")
     try:
-        result = temperature_for_run(run_dir, grid=grid, n_bins=n_bins, quiet=quiet)
+        result = temperature_for_run(
+            run_dir, grid=grid, n_bins=n_bins, quiet=quiet, partial=partial
+        )
     except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:
         fail(err)
     click.echo(dumps_json(result) if as_json else format_temperature(result))

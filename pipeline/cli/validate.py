@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from pipeline.store.manifest import load_manifest
-from pipeline.store.validate import find_problems
+from pipeline.store.validate import find_problems, table_notices
 
 
 @click.command("validate")
@@ -15,6 +15,8 @@ def validate(run_dir, show_all):
     """Check RUN_DIR's files against the manifest's checksums and the schemas.
 
     Exits 0 when every file is intact, 1 naming the first problem otherwise.
+    Every shard's data is checked as `aggregate` and the readers check it; stale
+    bin tables are a notice (they are rebuilt), not a problem of the run.
     """
     problems = find_problems(run_dir, first_only=not show_all)
     if problems:
@@ -27,3 +29,5 @@ def validate(run_dir, show_all):
         f"{run_dir}: valid, {len(manifest['shards'])} shard(s), "
         f"{manifest['positions']} positions, {state}"
     )
+    for msg in table_notices(run_dir):
+        click.echo(f"notice: {msg}")

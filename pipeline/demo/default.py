@@ -267,16 +267,14 @@ def position_stats(run_dir) -> dict:
     """From the positions shards: mean negative log-likelihood of the labels
     (nats/token) and the largest top-1 probability of the run."""
     import numpy as np
-    import pyarrow.parquet as pq
 
-    run_dir = Path(run_dir)
-    manifest = json.loads((run_dir / "manifest.json").read_text())
+    from pipeline.store.run import open_verified_run, read_positions
+
     total, n, top = 0.0, 0, 0.0
-    for shard in manifest.get("shards", []):
-        rel = shard.get("positions")
-        if not rel:
+    for shard in open_verified_run(run_dir).shards:
+        if not shard.rows:
             continue
-        table = pq.read_table(run_dir / rel, columns=["label_prob", "top1_prob"])
+        table = read_positions(shard, ["label_prob", "top1_prob"])  # verified
         p = table.column("label_prob").to_numpy().astype(np.float64)
         total += float(-np.log(np.maximum(p, np.finfo(np.float32).tiny)).sum())
         n += p.size

@@ -24,6 +24,7 @@ from pipeline.store.shards import (
     create_logits_store,
     positions_batch,
     positions_writer,
+    seal_logits_store,
     shard_names,
     write_class_tail,
     zarr_chunk_rows,
@@ -200,7 +201,9 @@ class ShardSink:
             "files": {},
         }
         for key, tmp_path in files.items():
-            entry["files"][self.names[key]] = path_sha256(tmp_path)
+            # a Zarr store gets a chunk index, so readers verify chunks as they read them
+            seal = seal_logits_store if key == "logits" else path_sha256
+            entry["files"][self.names[key]] = seal(tmp_path)
         for key, tmp_path in files.items():
             final = self.run_dir / self.names[key]
             if final.is_dir():

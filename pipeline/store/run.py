@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.store.manifest import RunError, load_manifest
@@ -166,6 +170,20 @@ def manifest_shard_problems(run_dir, manifest: dict) -> list[str]:
                     "(its positions would count twice)"
                 )
             seen_files.setdefault(key, idx)
+    # positions carry their doc_ids, so two honest shards never share a digest
+    # (class_tail files may: an all-zero tail is the same bytes in every shard)
+    seen_digest: dict[str, object] = {}
+    for shard in shards:
+        if not isinstance(shard, dict) or not isinstance(shard.get("files"), dict):
+            continue
+        digest = shard["files"].get(shard.get("positions"))
+        if isinstance(digest, str) and digest in seen_digest:
+            problems.append(
+                f"{where}: shards {seen_digest[digest]} and {shard.get('index')} list positions "
+                f"files with the same sha256 {digest[:16]}... (the same content twice: its "
+                "positions would count twice)"
+            )
+        seen_digest.setdefault(digest, shard.get("index"))
     ranged = [s for s in shards if isinstance(s, dict) and "doc_start" in s and "doc_end" in s]
     if len(ranged) == len(shards) and ranged:
         # torchrun ranks take interleaved documents, so their ranges overlap by
@@ -293,15 +311,13 @@ def verify_file(run_dir, entry: dict, rel: str, *, thorough: bool = False) -> Pa
     path = inside_run(run_dir, rel)
     if not path.exists():
         raise AggregateError(f"{path}: shard file missing (listed in {where})")
-    if not thorough and path.is_dir() and rel == entry.get("logits"):
-        from pipeline.store.shards import open_logits_group, zarr_has_checksums
-
-        try:
-            logits, lse = open_logits_group(path)
-        except ValueError as err:
-            raise AggregateError(str(err)) from err
-        if zarr_has_checksums(logits, lse):
-            return path  # every chunk is verified by zarr as it is read
+    index = chunk_index(path, digest) if path.is_dir() else None
+    if index is not None:
+        # index and file list checked: every chunk is checked as zarr reads it,
+        # or here, file by file, when `thorough`
+        if thorough:
+            _hash_store_files(path, index)
+        return path
     if cached_sha256(path) != digest:
         raise AggregateError(
             f"{path}: checksum differs from the manifest (the file changed after it was "
@@ -310,12 +326,58 @@ def verify_file(run_dir, entry: dict, rel: str, *, thorough: bool = False) -> Pa
     return path
 
 
-def check_positions(shard: Shard) -> Path:
-    path = require_file(shard.path("positions"), shard, "positions")
+def chunk_index(path: Path, digest: str) -> dict | None:
+    """The verified chunk index of a Zarr store (None: the store has none, hash it whole)."""
+    from pipeline.store.shards import ChunkIndexError, verified_chunk_index
+
     try:
-        pf = pq.ParquetFile(str(path), page_checksum_verification=True)
+        return verified_chunk_index(path, digest)
+    except (ChunkIndexError, OSError) as err:
+        raise AggregateError(str(err)) from err
+
+
+def _hash_store_files(path: Path, index: dict) -> None:
+    from pipeline.store.manifest import file_sha256
+
+    for rel in sorted(index):
+        if file_sha256(path / rel) != index[rel]:
+            raise AggregateError(
+                f"{path / rel}: checksum differs from the store's chunk index (the chunk "
+                "changed after it was written; shard fails validation)"
+            )
+
+
+def check_positions(shard: Shard) -> Path:
+    return _positions_file(shard)[0]
+
+
+_FOOTERS: dict[tuple, tuple] = {}
+_FOOTERS_MAX = 4096
+
+
+def _positions_file(shard: Shard) -> tuple[Path, pq.ParquetFile]:
+    """The positions file's schema, rows and document range checked (footer only)."""
+    path = require_file(shard.path("positions"), shard, "positions")
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    cached = _FOOTERS.get(key)
+    try:
+        pf = pq.ParquetFile(
+            str(path),
+            page_checksum_verification=True,
+            metadata=None if cached is None else cached[0],
+        )
     except Exception as err:  # noqa: BLE001 - pyarrow raises several types
         raise AggregateError(f"{path}: not a readable Parquet file ({err})") from err
+    if cached is None:
+        # the file's footer and doc_id range, parsed once a process (keyed like the
+        # sha256 cache: a rewritten file has another size, mtime or inode; a file
+        # modified within the last 2 s may change within one mtime tick: not kept)
+        cached = (pf.metadata, _doc_id_range(pf))
+        if time.time_ns() - st.st_mtime_ns > 2_000_000_000:
+            if len(_FOOTERS) >= _FOOTERS_MAX:
+                _FOOTERS.clear()
+            _FOOTERS[key] = cached
     try:
         check_table_schema(pf.schema_arrow, "positions", str(path))
     except SchemaVersionError:
@@ -327,7 +389,41 @@ def check_positions(shard: Shard) -> Path:
         raise AggregateError(
             f"{path}: {rows} rows, the manifest says {shard.rows} (shard fails validation)"
         )
-    return path
+    _check_doc_range(shard, path, cached[1])
+    return path, pf
+
+
+def _doc_id_range(pf: pq.ParquetFile) -> tuple[int, int] | None:
+    """(min, max) doc_id from the row groups' statistics (the writers record them),
+    else from the column itself; None for an empty file."""
+    meta = pf.metadata
+    if meta.num_rows == 0:
+        return None
+    col = pf.schema_arrow.get_field_index("doc_id")
+    lows, highs = [], []
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        if group.num_rows == 0:
+            continue
+        stats = group.column(col).statistics
+        if stats is None or not stats.has_min_max:
+            ids = pf.read(columns=["doc_id"]).column("doc_id")
+            return int(pc.min(ids).as_py()), int(pc.max(ids).as_py())
+        lows.append(int(stats.min))
+        highs.append(int(stats.max))
+    return min(lows), max(highs)
+
+
+def _check_doc_range(shard: Shard, path: Path, found: tuple[int, int] | None) -> None:
+    """The shard's doc_ids (`found`: min, max) lie in its manifest range [doc_start, doc_end)."""
+    lo, hi = shard.entry.get("doc_start"), shard.entry.get("doc_end")
+    if not (isinstance(lo, int) and isinstance(hi, int)):
+        return
+    if found is not None and (found[0] < lo or found[1] >= hi):
+        raise AggregateError(
+            f"{path}: doc_id {found[0] if found[0] < lo else found[1]} outside the shard's "
+            f"documents [{lo}, {hi}) in {shard.run_dir / 'manifest.json'} (shard fails validation)"
+        )
 
 
 def check_class_tail(shard: Shard) -> Path | None:
@@ -352,15 +448,23 @@ def check_class_tail(shard: Shard) -> Path | None:
 
 
 def open_zarr(shard: Shard):
+    """(path, logits, logsumexp) of a full-store shard, verified: through its chunk
+    index (every chunk checked as zarr reads it), or, for a store written before
+    chunk indices, hashed whole against the manifest first."""
     from pipeline.store.shards import open_logits_group
 
     path = require_file(shard.path("logits"), shard, "logits")
+    rel = shard.entry["logits"]
+    digest = (shard.entry.get("files") or {}).get(rel)
+    index = None if digest is None else chunk_index(path, digest)
     try:
-        logits, lse = open_logits_group(path, shard.rows, shard.vocab_size)
+        logits, lse = open_logits_group(path, shard.rows, shard.vocab_size, digests=index)
     except SchemaVersionError:
         raise
     except ValueError as err:
         raise AggregateError(f"{err} (shard fails validation)") from err
+    if index is None:
+        verify_file(shard.run_dir, shard.entry, rel)  # no index: the whole store hashed
     return path, logits, lse
 
 
@@ -383,6 +487,159 @@ def shard_problems(shard: Shard, *, thorough: bool = True) -> list[str]:
     except (AggregateError, RunError) as err:
         return [str(err)]
     return []
+
+
+# ------------------------------------------------------------ verified reads
+# The one way to read a shard's data: metrics, compare, report, temperature,
+# frames and the default experiment read positions and logits only through
+# these, after the manifest's checksum (positions: sha256, cached by size and
+# mtime; logits: the chunk index, each chunk checked as it is read).
+
+# Sums of float32 probabilities (tail_mass, sum_p2) may pass 1 by rounding; a
+# stored float32 probability never does (extraction computes exp(logp), logp <= 0).
+_SUM_SLACK = 1e-3
+
+
+def open_verified_run(run_dir) -> Run:
+    """:func:`open_run`, then every file of every shard checked (:func:`check_shard`):
+    a reader that starts here gives no number from a run that `validate` rejects
+    for its files (positions, class_tail and logits alike)."""
+    run = open_run(run_dir)
+    for shard in run.shards:
+        check_shard(shard)
+    return run
+
+
+def open_positions(shard: Shard) -> tuple[Path, pq.ParquetFile]:
+    """(path, ParquetFile) of a shard's positions: schema, rows and document range
+    checked, the file verified against the manifest's sha256; page checksums are
+    verified as it is read."""
+    path, pf = _positions_file(shard)
+    verify_file(shard.run_dir, shard.entry, shard.entry["positions"])
+    return path, pf
+
+
+def iter_positions(
+    shard: Shard,
+    columns,
+    batch_rows: int = 65536,
+    *,
+    use_threads: bool = True,
+    checked=None,
+):
+    """Verified positions batches of `columns` (see :func:`open_positions`), each
+    range-checked (:func:`check_position_values`; only the columns `checked`
+    when given, for a caller that checks the others itself) before it is yielded."""
+    path, pf = open_positions(shard)
+    ranges = _value_ranges(shard.vocab_size)
+    if checked is not None:
+        ranges = {name: ranges[name] for name in checked}
+    row = 0
+    batches = pf.iter_batches(batch_size=batch_rows, columns=list(columns), use_threads=use_threads)
+    while True:
+        try:
+            batch = next(batches, None)
+        except (OSError, pa.ArrowException) as err:
+            raise AggregateError(
+                f"{path}: rows from {row} cannot be read ({err}) (shard fails validation)"
+            ) from err
+        if batch is None:
+            return
+        _check_values(batch, path, row, ranges)
+        row += batch.num_rows
+        yield batch
+
+
+def read_positions(shard: Shard, columns) -> pa.Table:
+    """`columns` of a shard's positions as one table, read through :func:`iter_positions`."""
+    batches = list(iter_positions(shard, columns))
+    if not batches:
+        schema = pa.schema([open_positions(shard)[1].schema_arrow.field(c) for c in columns])
+        return schema.empty_table()
+    return pa.Table.from_batches(batches)
+
+
+def read_class_tail(shard: Shard, columns) -> pa.Table:
+    """`columns` of a shard's class_tail table, its schema, rows and sha256 checked."""
+    path = check_class_tail(shard)
+    if path is None:
+        raise AggregateError(
+            f"{shard.run_dir / 'manifest.json'}: shard {shard.index} has no class_tail"
+        )
+    verify_file(shard.run_dir, shard.entry, shard.entry["class_tail"])
+    try:
+        return pq.read_table(str(path), columns=list(columns), page_checksum_verification=True)
+    except (OSError, pa.ArrowException) as err:
+        raise AggregateError(f"{path}: cannot be read ({err}) (shard fails validation)") from err
+
+
+def _value_ranges(vocab_size: int) -> dict:
+    """column -> (low, high, NaN/null allowed) of the positions values readers use."""
+    ids = (0, vocab_size - 1, False)
+    prob = (0.0, 1.0, False)
+    return {
+        "label": ids,
+        "top1_id": ids,
+        "label_prob": prob,
+        "top1_prob": prob,
+        "tail_max": prob,
+        "kept_ids": ids,
+        "kept_probs": prob,
+        "tail_count": (0, vocab_size, False),
+        "tail_mass": (0.0, 1.0 + _SUM_SLACK, False),
+        "sum_p2": (0.0, 1.0 + _SUM_SLACK, True),  # null: not recorded (bounds instead)
+        # NaN or null: not recorded (imported dumps); else 0 <= H <= ln K
+        "entropy": (0.0, math.log(vocab_size) * (1 + _SUM_SLACK), True),
+    }
+
+
+def value_columns(names, vocab_size: int) -> list[str]:
+    """The columns among `names` that :func:`check_position_values` range-checks."""
+    return [c for c in _value_ranges(vocab_size) if c in names]
+
+
+def check_position_values(batch, path, first_row: int, vocab_size: int) -> None:
+    """Every value a figure is computed from lies in its range (probabilities in
+    [0, 1], ids in [0, K), entropy in [0, ln K], no NaN where a value is required);
+    the first one outside is named by file, row and column."""
+    _check_values(batch, path, first_row, _value_ranges(vocab_size))
+
+
+def _check_values(batch, path, first_row: int, ranges: dict) -> None:
+    names = batch.schema.names
+    for name, (low, high, optional) in ranges.items():
+        if name not in names:
+            continue
+        column = batch.column(names.index(name))
+        is_list = pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+        data = (column.flatten() if is_list else column).to_numpy(zero_copy_only=False)
+        if data.size == 0:
+            continue
+        # fast path: min and max (NaN propagates to both, so fails the test)
+        if optional and data.dtype.kind == "f":
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slice
+                lo_v, hi_v = np.nanmin(data), np.nanmax(data)
+            if np.isnan(lo_v) or (lo_v >= low and hi_v <= high):
+                continue
+        elif data.min() >= low and data.max() <= high:
+            continue
+        missing = np.isnan(data) if data.dtype.kind == "f" else np.zeros(data.shape, bool)
+        bad = ~((data >= low) & (data <= high))
+        if optional:
+            bad &= ~missing
+        if not bad.any():
+            continue
+        at = int(np.flatnonzero(bad)[0])
+        shown, what = data[at].item(), name
+        if is_list:
+            offsets = column.offsets.to_numpy()
+            at = int(np.searchsorted(offsets, at + offsets[0], side="right") - 1)
+            what = f"an entry of {name}"
+        raise AggregateError(
+            f"{path}: row {first_row + at}: {what} = {shown!r} outside [{low}, {high}] "
+            "(shard fails validation)"
+        )
 
 
 def _logit_block_rows(logits) -> int:
@@ -467,7 +724,12 @@ def describe_coverage(info: dict) -> str:
 
 
 def require_complete(run_dir, partial: bool = False) -> dict:
-    """The run's completeness; an incomplete run is refused unless `partial`."""
+    """The run's completeness; an incomplete run is refused unless `partial`.
+
+    Every command that measures a run (metrics, compare, report, temperature)
+    starts here, so here a run directory is also verified, every file of every
+    shard (:func:`open_verified_run`): current tables of a run whose shards were
+    rewritten since give no number (sha256 cached, so later reads only stat)."""
     info = completeness(run_dir)
     if not info["complete"] and not partial:
         raise RunError(
@@ -476,4 +738,6 @@ def require_complete(run_dir, partial: bool = False) -> dict:
             f"{describe_coverage(info)}. Resume the extraction with the same command, or "
             "pass --partial to measure what is there"
         )
+    if is_run(run_dir):
+        open_verified_run(run_dir)
     return info

@@ -245,16 +245,22 @@ def open_logits(run_dir, shard: dict):
     return arrays
 
 
-def open_logits_group(path, rows: int | None = None, vocab_size: int | None = None):
+def open_logits_group(
+    path, rows: int | None = None, vocab_size: int | None = None, *, digests: dict | None = None
+):
     """The one Zarr reader: (logits, logsumexp) of the group at `path`, its version,
     shapes (when `rows` / `vocab_size` are given) and dtypes checked. Raises
-    ValueError (SchemaVersionError for an unknown version) naming the path."""
+    ValueError (SchemaVersionError for an unknown version) naming the path.
+
+    `digests` (a verified chunk index, see :func:`verified_chunk_index`): every
+    byte zarr reads (zarr.json and chunks) is checked against it as it is read."""
     import zarr
 
     from pipeline.store.schema import SchemaVersionError
 
     try:
-        group = zarr.open_group(str(path), mode="r")
+        store = str(path) if digests is None else _verifying_store(path, digests)
+        group = zarr.open_group(store, mode="r", zarr_format=3)
         version = group.attrs.get("fullece.schema_version")
         logits, lse = group["logits"], group["logsumexp"]
     except Exception as err:  # noqa: BLE001 - zarr raises many types
@@ -289,3 +295,162 @@ def zarr_has_checksums(logits, lse) -> bool:
     return all(
         any(isinstance(c, Crc32cCodec) for c in (arr.compressors or ())) for arr in (logits, lse)
     )
+
+
+# ------------------------------------------------------------ chunk index
+# A Zarr store's entry in the manifest is the tree digest of path_sha256:
+# sha256 of the sorted lines "relpath\0sha256(file)\n" of every file below it.
+# The extractor also writes those per-file sha256 (the leaves) into the store as
+# CHUNK_INDEX_NAME, which enters the tree digest like any file. A reader then
+# checks, without hashing the data: the index hashes to the manifest's digest,
+# the store holds exactly the files it lists; and every chunk and zarr.json as
+# zarr reads it against its own sha256 (no second read of the data). So the
+# digest pins chunk keys, chunk contents and the metadata, not only intact
+# chunks (a crc32c proves a chunk undamaged, not that it is the right one).
+
+CHUNK_INDEX_NAME = "fullece.chunks.json"
+CHUNK_INDEX_FORMAT = "fullece.chunk-index"
+_CHUNK_INDEX_MAX_BYTES = 64 << 20
+
+
+class ChunkIndexError(ValueError):
+    """A Zarr store that does not match its chunk index or the manifest (names the file)."""
+
+
+def _store_files(path: Path) -> dict[str, Path]:
+    """{relpath: path} of every regular file below the store directory `path`."""
+    import os
+
+    out = {}
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            full = Path(root) / name
+            out[full.relative_to(path).as_posix()] = full
+    return out
+
+
+def tree_digest(file_digests: dict[str, str]) -> str:
+    """The directory digest of :func:`pipeline.store.manifest.path_sha256`, from
+    the per-file sha256 (relpath -> hex) instead of the files."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for rel in sorted(file_digests):
+        h.update(f"{rel}\0{file_digests[rel]}\n".encode())
+    return h.hexdigest()
+
+
+def seal_logits_store(path) -> str:
+    """Write the chunk index of a finished Zarr store at `path` and return the
+    store's digest for the manifest (equal to ``path_sha256(path)``)."""
+    import hashlib
+    import json
+
+    from pipeline.store.manifest import file_sha256
+
+    path = Path(path)
+    leaves = {
+        rel: file_sha256(full)
+        for rel, full in _store_files(path).items()
+        if rel != CHUNK_INDEX_NAME
+    }
+    body = json.dumps(
+        {"format": CHUNK_INDEX_FORMAT, "version": 1, "files": leaves}, sort_keys=True
+    ).encode()
+    (path / CHUNK_INDEX_NAME).write_bytes(body)
+    return tree_digest({**leaves, CHUNK_INDEX_NAME: hashlib.sha256(body).hexdigest()})
+
+
+def verified_chunk_index(path, digest: str) -> dict[str, str] | None:
+    """The chunk index of the store at `path`, checked against the manifest's
+    `digest` and the store's file list (nothing else is read); None when the
+    store has no index (written before it existed: hash it whole instead).
+    Raises ChunkIndexError naming the file."""
+    import hashlib
+
+    path = Path(path)
+    index_path = path / CHUNK_INDEX_NAME
+    if not index_path.is_file():
+        return None
+    if index_path.stat().st_size > _CHUNK_INDEX_MAX_BYTES:
+        raise ChunkIndexError(f"{index_path}: larger than {_CHUNK_INDEX_MAX_BYTES} bytes")
+    body = index_path.read_bytes()
+    leaves = _index_leaves(index_path, body)
+    if tree_digest({**leaves, CHUNK_INDEX_NAME: hashlib.sha256(body).hexdigest()}) != digest:
+        raise ChunkIndexError(
+            f"{path}: checksum differs from the manifest (its chunk index is not the one "
+            "written with the store; shard fails validation): re-extract the shard or "
+            "restore the file"
+        )
+    present = set(_store_files(path)) - {CHUNK_INDEX_NAME}
+    for rel in sorted(present - set(leaves)):
+        raise ChunkIndexError(
+            f"{path / rel}: not in the store's chunk index (a file added after the store "
+            "was written; shard fails validation)"
+        )
+    for rel in sorted(set(leaves) - present):
+        raise ChunkIndexError(
+            f"{path / rel}: missing (listed in the store's chunk index; zarr would read "
+            "the fill value; shard fails validation)"
+        )
+    return leaves
+
+
+def _index_leaves(index_path: Path, body: bytes) -> dict[str, str]:
+    import json
+    import re
+
+    try:
+        index = json.loads(body)
+    except (ValueError, RecursionError) as err:
+        raise ChunkIndexError(f"{index_path}: not a readable chunk index ({err})") from err
+    leaves = index.get("files") if isinstance(index, dict) else None
+    if (
+        not isinstance(index, dict)
+        or index.get("format") != CHUNK_INDEX_FORMAT
+        or index.get("version") != 1
+        or not isinstance(leaves, dict)
+    ):
+        raise ChunkIndexError(f"{index_path}: not a chunk index of version 1")
+    hex64 = re.compile(r"[0-9a-f]{64}")
+    for rel, digest in leaves.items():
+        if not isinstance(digest, str) or not hex64.fullmatch(digest):
+            raise ChunkIndexError(f"{index_path}: files.{rel}: not a sha256 ({digest!r})")
+    return leaves
+
+
+def _verifying_store(path, digests: dict[str, str]):
+    """A read-only zarr LocalStore that checks every whole-key read against `digests`."""
+    import hashlib
+
+    from zarr.storage import LocalStore
+
+    class VerifyingStore(LocalStore):
+        async def get(self, key, prototype=None, byte_range=None):
+            where = Path(path) / key
+            if byte_range is not None:
+                raise ChunkIndexError(f"{where}: partial read of a verified store")
+            buf = await super().get(key, prototype)
+            want = digests.get(key)
+            if buf is None:
+                if want is not None:
+                    raise ChunkIndexError(
+                        f"{where}: missing (listed in the store's chunk index; shard fails "
+                        "validation)"
+                    )
+                return None  # never written: zarr reads the fill value, as written
+            if want is None:
+                raise ChunkIndexError(
+                    f"{where}: not in the store's chunk index (shard fails validation)"
+                )
+            if hashlib.sha256(buf.as_numpy_array()).hexdigest() != want:
+                raise ChunkIndexError(
+                    f"{where}: checksum differs from the store's chunk index (the chunk "
+                    "changed after it was written; shard fails validation)"
+                )
+            return buf
+
+        async def get_partial_values(self, prototype, key_ranges):
+            return [await self.get(key, prototype, rng) for key, rng in key_ranges]
+
+    return VerifyingStore(str(path), read_only=True)

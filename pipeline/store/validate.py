@@ -4,8 +4,11 @@ Checks, in order, stopping at the first problem: the manifest parses, has a
 known schema version and matches schemas/manifest.v1.schema.json; then, shard
 by shard, every listed file exists and has the recorded sha256, every Parquet
 table has the positions / class_tail columns and version, row counts agree
-with the manifest, and a full-store Zarr group holds logits [rows, K] and
-logsumexp [rows]. No torch.
+with the manifest, doc_ids lie in the shard's document range, a full-store
+Zarr group holds logits [rows, K] and logsumexp [rows]; then the shard's data
+pass the checks every reader and `aggregate` apply (value ranges, kept
+entries, tail sums). Damaged bin tables are problems; stale ones a notice.
+No torch.
 """
 
 from __future__ import annotations
@@ -94,14 +97,20 @@ def manifest_errors(manifest: dict) -> list[str]:
     return schema_errors(manifest, schema)
 
 
-def find_problems(run_dir, *, first_only: bool = True, tables: bool = True) -> list[str]:
+def find_problems(
+    run_dir, *, first_only: bool = True, tables: bool = True, data: bool = True
+) -> list[str]:
     """Problems of a run directory, as messages naming the file; [] when valid.
 
     The manifest (schema, shard paths inside the run, no file listed twice, no
-    gap or overlap of document ranges, complete runs covering their slice),
-    every shard (the checks `aggregate` runs before reading one: checksums,
-    schemas, rows, shapes) and, when present, the bin tables in RUN_DIR/tables
-    (checksums, inputs equal to the shards, invariants).
+    positions content listed twice, no gap or overlap of document ranges,
+    complete runs covering their slice), every shard (the checks `aggregate`
+    runs before reading one: checksums, schemas, rows, shapes, doc_ids inside
+    the shard's document range), with `data` the data checks of every reader
+    and of `aggregate` over each shard's values (:func:`shard_data_problems`),
+    and, when present, the bin tables in RUN_DIR/tables (checksums,
+    invariants). Tables that are merely stale are no problem of the run: see
+    :func:`table_notices`.
     """
     from pipeline.store.run import Shard, manifest_shard_problems, shard_problems
 
@@ -128,7 +137,11 @@ def find_problems(run_dir, *, first_only: bool = True, tables: bool = True) -> l
         return problems
     vocab = manifest["vocab_size"]
     for entry in manifest["shards"]:
-        for msg in shard_problems(Shard(run_dir, entry, manifest["store"], vocab)):
+        shard = Shard(run_dir, entry, manifest["store"], vocab)
+        found_here = shard_problems(shard)
+        if not found_here and data:
+            found_here = shard_data_problems(shard)
+        for msg in found_here:
             if found(msg):
                 return problems
     total = sum(s["rows"] for s in manifest["shards"])
@@ -145,8 +158,39 @@ def find_problems(run_dir, *, first_only: bool = True, tables: bool = True) -> l
     return problems
 
 
+def shard_data_problems(shard) -> list[str]:
+    """The data checks of one shard ([] when it passes): every value the readers
+    range-check (probabilities in [0, 1], ids in [0, K), entropy in [0, ln K]),
+    and `aggregate`'s own checks, run by its map step into a temporary directory
+    (kept entries, labels among them, tail counts per class and per position,
+    kept + tail = rows x K; logits finite in the full store)."""
+    import tempfile
+
+    from pipeline import DEFAULT_FINE_BINS
+    from pipeline.aggregate.executor import _aggregate_full_shard, _aggregate_topk_shard
+    from pipeline.store.run import AggregateError, iter_positions, open_positions, value_columns
+
+    try:
+        names = open_positions(shard)[1].schema_arrow.names
+        for _batch in iter_positions(shard, value_columns(names, shard.vocab_size)):
+            pass
+        with tempfile.TemporaryDirectory(prefix="fullece-validate-") as tmp:
+            part = Path(tmp) / "part"
+            if shard.store == "topk":
+                _aggregate_topk_shard(None, shard, part, DEFAULT_FINE_BINS)
+            else:
+                _aggregate_full_shard(shard, part, DEFAULT_FINE_BINS)
+    except SchemaVersionError as err:
+        return [str(err)]
+    except (AggregateError, RunError) as err:
+        return [str(err)]
+    return []
+
+
 def table_problems(run_dir) -> list[str]:
-    """Problems of RUN_DIR/tables (none when there are no tables yet)."""
+    """Problems of RUN_DIR/tables (none when there are no tables yet): damaged
+    table files, or tables that claim to be this run's current tables but
+    disagree with its shards (forged). Stale tables are a notice (table_notices)."""
     from pipeline.aggregate.executor import TABLES_DIR, tables_disagree, tables_status
     from pipeline.store import tablestore
 
@@ -157,12 +201,31 @@ def table_problems(run_dir) -> list[str]:
         tablestore.verify_tables(tables_dir)
     except ValueError as err:
         return [f"{err} (tables/ can be rebuilt with `fullece aggregate`)"]
-    reason = tables_status([run_dir], tables_dir, verify=False)
-    if reason is None:
-        reason = tables_disagree([run_dir], tables_dir)
+    if tables_status([run_dir], tables_dir, verify=False) is not None:
+        return []  # stale: a notice, rebuilt by the next command that needs them
+    reason = tables_disagree([run_dir], tables_dir)
     if reason is not None:
         return [
             f"{tables_dir}: not the tables of this run's shards ({reason}); "
             "rebuild them with `fullece aggregate`"
         ]
     return []
+
+
+def table_notices(run_dir) -> list[str]:
+    """Notices on RUN_DIR/tables of a valid run: tables built from other shards
+    than the run's (stale). Stale tables make no run invalid: the next command
+    that needs them rebuilds them."""
+    from pipeline.aggregate.executor import TABLES_DIR, tables_status
+    from pipeline.store import tablestore
+
+    tables_dir = Path(run_dir) / TABLES_DIR
+    if not (tables_dir / tablestore.META_NAME).exists():
+        return []
+    reason = tables_status([run_dir], tables_dir, verify=False)
+    if reason is None:
+        return []
+    return [
+        f"{tables_dir}: not the tables of this run's shards ({reason}); they are rebuilt by "
+        "the next command that needs them (or `fullece aggregate`)"
+    ]
