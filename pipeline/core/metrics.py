@@ -37,6 +37,8 @@ __all__ = [
     "classwise_ece_bounds",
     "tail_top_bin",
     "bin_metric_bounds",
+    "determined_row",
+    "rsd_of_rows",
     "FREQUENCY_BUCKETS",
     "direction_formula",
     "mce_formula",
@@ -151,10 +153,53 @@ def token_frequency(tables: BinTables) -> dict:
     }
 
 
-def compute_metrics(tables: BinTables, bins=PAPER_BINS) -> dict:
-    """Everything `fullece metrics` reports, as a JSON-ready dict."""
+BOUNDED = ("ece", "cw_ece", "full_ece")
+
+
+def determined_row(tables: BinTables, n_bins: int, tail_bounds=None) -> dict:
+    """:func:`metrics_at` with no point value the tables do not determine.
+
+    Every row gets ``ece_bounds``, ``cw_ece_bounds`` and ``full_ece_bounds``
+    (:func:`bin_metric_bounds`); a value stays a number only where its
+    interval collapses (ECE always; cw-ECE and Full-ECE at M <= M_exact with a
+    known per-class tail; Full-ECE at M <= M_exact of an import), else null.
+    """
+    row = metrics_at(tables, n_bins)
+    bounds = bin_metric_bounds(tables, n_bins, tail_bounds)
+    for key in BOUNDED:
+        lo, hi = bounds[key]
+        if lo == hi:  # determined: keep the plain formula's value (same sums)
+            row[f"{key}_bounds"] = [row[key], row[key]]
+        else:
+            row[key] = None
+            row[f"{key}_bounds"] = [lo, hi]
+    row["cw_ece_bounds_exact"] = bounds["cw_ece_hi_exact"]
+    row["full_ece_bounds_exact"] = bounds["full_ece_hi_exact"]
+    return row
+
+
+def rsd_of_rows(rows) -> dict | None:
+    """RSD over M of each metric from its determined (point) values only.
+
+    ``<key>_bins`` names the M's it was computed over; the RSD is null when
+    fewer than two M's have a point value. Never computed from an interval."""
+    if len(rows) < 2:
+        return None
+    out = {"bins": [int(r["M"]) for r in rows]}
+    for key in BOUNDED:
+        used = [r for r in rows if r.get(key) is not None]
+        out[key] = rsd([r[key] for r in used]) if len(used) >= 2 else None
+        out[f"{key}_bins"] = [int(r["M"]) for r in used]
+    return out
+
+
+def compute_metrics(tables: BinTables, bins=PAPER_BINS, tail_bounds=None) -> dict:
+    """Everything `fullece metrics` reports, as a JSON-ready dict.
+
+    ``tail_bounds``: (tail_mass[K], tail_cap[K]) of tables whose per-class tail
+    is unknown (an import), else None (see :func:`bin_metric_bounds`)."""
     bins = [check_n_bins(m) for m in bins]
-    rows = [metrics_at(tables, m) for m in bins]
+    rows = [determined_row(tables, m, tail_bounds) for m in bins]
     result = {
         "positions": tables.positions,
         "vocab_size": tables.vocab_size,
@@ -165,13 +210,7 @@ def compute_metrics(tables: BinTables, bins=PAPER_BINS) -> dict:
         "rsd": None,
         "token_frequency": token_frequency(tables),
     }
-    if len(rows) >= 2:
-        result["rsd"] = {
-            "bins": bins,
-            "ece": rsd([r["ece"] for r in rows]),
-            "cw_ece": rsd([r["cw_ece"] for r in rows]),
-            "full_ece": rsd([r["full_ece"] for r in rows]),
-        }
+    result["rsd"] = rsd_of_rows(rows)
     return result
 
 
