@@ -172,3 +172,71 @@ def test_no_tail_every_figure_is_a_point():
         for key in ("ece", "cw_ece", "full_ece"):
             assert got[key][0] == got[key][1]
             assert got[key][0] == pytest.approx(want[key], abs=TOL)
+
+
+# ---- end to end: an imported vLLM dump, `fullece metrics` JSON and text --------
+
+
+@pytest.mark.slow
+def test_imported_run_reports_intervals_above_m_exact_and_rsd_from_exact_values(tmp_path):
+    import json
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+    from pipeline.ingest import import_vllm
+    from tests.helpers.analysis_runs import validate_json
+    from tests.test_import import _random_docs, write_vllm
+
+    vocab = 50
+    docs = _random_docs(seed=3, n_docs=6, vocab=vocab, max_len=14)
+    dump = write_vllm(tmp_path / "dump.jsonl", docs, 10)
+    run, manifest, _ = import_vllm([dump], tmp_path / "imported", vocab_size=vocab)
+    m_exact = manifest["m_exact"]
+    paper = [5, 10, 20, 50, 100, 200, 500]
+    exact_ms = [m for m in paper if m <= m_exact]
+    assert 2 <= len(exact_ms) < len(paper), m_exact
+    bins = ",".join(map(str, paper))
+    res = CliRunner().invoke(main, ["metrics", str(run), "--bins", bins, "--json", "--quiet"])
+    assert res.exit_code == 0, res.output
+    result = json.loads(res.output)
+    schema = json.loads(
+        (Path(__file__).parent.parent / "schemas" / "metrics.v1.schema.json").read_text()
+    )
+    validate_json(result, schema)
+    # the truth from the full distributions the dump was written from
+    probs = np.concatenate([p[: len(ids) - 1] for ids, p in docs])
+    labels = np.concatenate([ids[1:] for ids, _ in docs])
+    dev = float(np.abs(probs.astype(np.float64).sum(1) - 1.0).mean())
+    for row in result["bins"]:
+        m = row["M"]
+        want = truth(probs, labels, m)
+        assert row["exact"] == (m <= m_exact)
+        assert row["ece"] == pytest.approx(want["ece"], abs=TOL)
+        assert row["ece_bounds"] == [row["ece"], row["ece"]]
+        assert row["cw_ece"] is None  # an import never determines it
+        slack = {"cw_ece": 2 * dev / vocab + TOL, "full_ece": dev + TOL}
+        for key in ("cw_ece", "full_ece"):
+            lo, hi = row[f"{key}_bounds"]
+            assert lo - slack[key] <= want[key] <= hi + slack[key], (m, key, lo, want[key], hi)
+        if row["exact"]:
+            assert row["full_ece_bounds"] == [row["full_ece"], row["full_ece"]]
+        else:
+            assert row["full_ece"] is None and row["overconfidence"] is None
+            assert row["full_ece_bounds"][0] < row["full_ece_bounds"][1]
+    rsd = result["rsd"]
+    assert rsd["bins"] == paper
+    assert rsd["ece_bins"] == paper
+    assert rsd["full_ece_bins"] == exact_ms
+    from pipeline.core.metrics import rsd as rsd_of
+
+    points = [r["full_ece"] for r in result["bins"] if r["M"] in exact_ms]
+    assert rsd["full_ece"] == pytest.approx(rsd_of(points), rel=1e-12)
+    assert rsd["cw_ece"] is None and rsd["cw_ece_bins"] == []
+    text = CliRunner().invoke(main, ["metrics", str(run), "--bins", bins, "--quiet"]).output
+    only = f"(exact M = {{{','.join(map(str, exact_ms))}}} only)"
+    assert only in text, text
+    inexact_row = next(r for r in result["bins"] if not r["exact"])
+    line = next(ln for ln in text.splitlines() if ln.split()[:1] == [str(inexact_row["M"])])
+    assert line.count("[") >= 2 and "NO" in line, line
