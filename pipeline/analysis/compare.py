@@ -104,12 +104,12 @@ def format_compare(result: dict) -> str:
     lines = [
         f"metrics at M = {result['M']}",
         "",
-        f"{'run':<{w}}  {'N':>10}  {'ECE':>10}  {'cw-ECE':>10}  {'Full-ECE':>24}  exact",
+        f"{'run':<{w}}  {'N':>10}  {'ECE':>10}  {'cw-ECE':>24}  {'Full-ECE':>24}  exact",
     ]
     for r in rows:
         lines.append(
             f"{r['label']:<{w}}  {r['positions']:>10,}  {fmt(r['ece']):>10}  "
-            f"{value_text(r, 'cw_ece'):>10}  {value_text(r, 'full_ece'):>24}  "
+            f"{value_text(r, 'cw_ece'):>24}  {value_text(r, 'full_ece'):>24}  "
             f"{'yes' if r['exact'] else 'NO'}"
         )
         if r.get("complete") is False:

@@ -270,14 +270,14 @@ def format_metrics(result: dict) -> str:
         for m in BIN_METRICS
         if not m.paper and any(r.get(m.key) is not None for r in result["bins"])
     ]
-    head = f"{'M':>5}  {'ECE':>12}  {'cw-ECE':>12}  {'Full-ECE':>24}  exact"
+    head = f"{'M':>5}  {'ECE':>12}  {'cw-ECE':>24}  {'Full-ECE':>24}  exact"
     head += "".join(f"  {m.label:>12}" for m in extra)
     if boot:
         head += f"   ECE {int(boot['level'] * 100)}% CI            Full-ECE {int(boot['level'] * 100)}% CI"
     lines.append(head)
     for r in result["bins"]:
         line = (
-            f"{r['M']:>5}  {fmt(r['ece']):>12}  {value_text(r, 'cw_ece'):>12}  "
+            f"{r['M']:>5}  {fmt(r['ece']):>12}  {value_text(r, 'cw_ece'):>24}  "
             f"{value_text(r, 'full_ece'):>24}  {'yes' if r['exact'] else 'NO '}"
         )
         line += "".join(f"  {fmt(r.get(m.key)):>12}" for m in extra)

@@ -471,11 +471,12 @@ def plot_metrics_vs_bins(data: dict, ax=None):
         key = panel["key"]
         if rsd and not many and rsd.get(key) is not None and math.isfinite(rsd[key]):
             a.text(
+                0.96,
                 0.04,
-                0.94,
-                f"RSD = {rsd[key]:.1f}%{_rsd_scope(rsd, key)}",
+                f"RSD = {rsd[key]:.1f}%{_rsd_scope(rsd, key)}".replace(" (", "\n(", 1),
                 transform=a.transAxes,
-                va="top",
+                ha="right",
+                va="bottom",
                 fontsize=9,
             )
         a.set_xscale("log")
