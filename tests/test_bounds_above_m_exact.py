@@ -234,6 +234,13 @@ def test_imported_run_reports_intervals_above_m_exact_and_rsd_from_exact_values(
     points = [r["full_ece"] for r in result["bins"] if r["M"] in exact_ms]
     assert rsd["full_ece"] == pytest.approx(rsd_of(points), rel=1e-12)
     assert rsd["cw_ece"] is None and rsd["cw_ece_bins"] == []
+    # no bootstrap interval is drawn from tables that do not determine Full-ECE
+    from pipeline.analysis.metrics import metrics_for_run
+
+    boot = metrics_for_run(run, paper, bootstrap_replicates=10, quiet=True)
+    validate_json(boot, schema)
+    for iv, row in zip(boot["bootstrap"]["intervals"], boot["bins"], strict=True):
+        assert (iv["full_ece"] is None) == (not row["exact"]), (row["M"], iv)
     text = CliRunner().invoke(main, ["metrics", str(run), "--bins", bins, "--quiet"]).output
     only = f"(exact M = {{{','.join(map(str, exact_ms))}}} only)"
     assert only in text, text

@@ -158,6 +158,11 @@ def metrics_for_run(
             intervals[m] = b["intervals"][0]
             boot = boot or b
         boot["intervals"] = [intervals[m] for m in bins]
+        for iv, row in zip(boot["intervals"], ordered, strict=True):
+            if row["full_ece"] is None:  # resampling undetermined tables proves nothing
+                iv["full_ece"] = None
+                iv.pop("full_ece_point", None)
+                iv.pop("full_ece_bias", None)
         result["bootstrap"] = boot
     label = run_label(run_dir) if is_run(run_dir) else run_dir.resolve().name
     if not coverage["complete"]:
@@ -287,7 +292,7 @@ def format_metrics(result: dict) -> str:
             iv = intervals[r["M"]]
             full_ci = (
                 f"[{fmt(iv['full_ece'][0])}, {fmt(iv['full_ece'][1])}]"
-                if r["full_ece"] is not None
+                if iv.get("full_ece") is not None
                 else "n/a (Full-ECE not determined)"
             )
             line += f"   [{fmt(iv['ece'][0])}, {fmt(iv['ece'][1])}]   {full_ci}"
