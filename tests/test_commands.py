@@ -84,7 +84,10 @@ def test_approximate_marked(tmp_path):
     out = metrics_for_run(tmp_path / "r", [5, 500], quiet=True)
     assert out["m_exact"] < 500
     assert [b["exact"] for b in out["bins"]] == [out["m_exact"] >= 5, False]
-    assert any("approximate" in n for n in out["notes"])
+    assert any("500 > M_exact" in n and "not determined" in n for n in out["notes"])
+    above = out["bins"][1]
+    assert above["full_ece"] is None and above["full_ece_bounds"][0] < above["full_ece_bounds"][1]
+    assert above["ece_bounds"] == [above["ece"], above["ece"]]  # top-1 is kept: exact
 
 
 def test_auto_aggregate_notice(tmp_path):

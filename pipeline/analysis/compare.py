@@ -9,10 +9,10 @@ import numpy as np
 from pipeline.analysis.metrics import (
     METRIC_NAMES,
     METRICS_JSON_VERSION,
-    _set_cw_bounds,
     _tail_bounds,
     clean_row,
     fmt,
+    value_text,
 )
 from pipeline.store.manifest import RunError
 from pipeline.store.run import is_run, run_label
@@ -22,7 +22,7 @@ def compare_runs(run_dirs, n_bins: int = 10, *, quiet: bool = False, partial: bo
     """One row per run (labelled from its manifest) at M = n_bins, and the trend.
     Incomplete runs are refused unless `partial` (their rows say ``complete: false``)."""
     from pipeline.aggregate import ensure_tables, load_run_tables
-    from pipeline.core.metrics import metrics_at
+    from pipeline.core.metrics import determined_row
     from pipeline.store.run import describe_coverage, require_complete
 
     if not isinstance(n_bins, int) or isinstance(n_bins, bool) or n_bins < 1:
@@ -35,10 +35,8 @@ def compare_runs(run_dirs, n_bins: int = 10, *, quiet: bool = False, partial: bo
         tables = load_run_tables(tables_dir)
         if tables.fine_bins % n_bins:
             raise RunError(f"M={n_bins} must divide the fine grid F={tables.fine_bins}")
-        m = metrics_at(tables, n_bins)
-        tail_bounds = _tail_bounds(tables_dir, tables)  # imported run: cw-ECE interval
-        if tail_bounds is not None:
-            _set_cw_bounds(m, tables, n_bins, tail_bounds)
+        # intervals where the tables do not determine a value (imports, M > M_exact)
+        m = determined_row(tables, n_bins, _tail_bounds(tables_dir, tables))
         rows.append(
             {
                 "label": run_label(run_dir) if is_run(run_dir) else run_dir.name,
@@ -100,24 +98,18 @@ def trend(rows: list[dict]) -> dict:
     return out
 
 
-def _cw_text(row: dict) -> str:
-    if row.get("cw_ece_bounds") is not None:
-        return f"[{fmt(row['cw_ece_bounds'][0])}, {fmt(row['cw_ece_bounds'][1])}]"
-    return fmt(row["cw_ece"])
-
-
 def format_compare(result: dict) -> str:
     rows = result["runs"]
     w = max([len("run")] + [len(r["label"]) for r in rows])
     lines = [
         f"metrics at M = {result['M']}",
         "",
-        f"{'run':<{w}}  {'N':>10}  {'ECE':>10}  {'cw-ECE':>10}  {'Full-ECE':>10}  exact",
+        f"{'run':<{w}}  {'N':>10}  {'ECE':>10}  {'cw-ECE':>24}  {'Full-ECE':>24}  exact",
     ]
     for r in rows:
         lines.append(
             f"{r['label']:<{w}}  {r['positions']:>10,}  {fmt(r['ece']):>10}  "
-            f"{_cw_text(r):>10}  {fmt(r['full_ece']):>10}  "
+            f"{value_text(r, 'cw_ece'):>24}  {value_text(r, 'full_ece'):>24}  "
             f"{'yes' if r['exact'] else 'NO'}"
         )
         if r.get("complete") is False:
@@ -127,7 +119,10 @@ def format_compare(result: dict) -> str:
         lines.append("trend (first -> last run):")
         for key, name in METRIC_NAMES:
             if key not in result["trend"]:
-                lines.append(f"  {name:<9} not determined for every run (imported dump)")
+                lines.append(
+                    f"  {name:<9} not determined for every run (an import, or M > M_exact): "
+                    "see the intervals above"
+                )
                 continue
             t = result["trend"][key]
             rel = (

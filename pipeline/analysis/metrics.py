@@ -63,7 +63,7 @@ def metrics_for_run(
     An incomplete run is refused unless `partial` (then ``complete: false``)."""
     from pipeline.aggregate import aggregate, ensure_tables, load_run_tables
     from pipeline.core.binning import is_exact
-    from pipeline.core.metrics import compute_metrics, direction_at, metrics_at, rsd
+    from pipeline.core.metrics import compute_metrics, determined_row, direction_at, rsd_of_rows
     from pipeline.store.run import describe_coverage, require_complete
 
     run_dir = Path(run_dir)
@@ -76,14 +76,11 @@ def metrics_for_run(
     f = tables.fine_bins
     coarse = [m for m in bins if f % m == 0]
     other = [m for m in bins if f % m]
-    result = compute_metrics(tables, coarse)
+    tail_bounds = _tail_bounds(tables_dir, tables)
+    result = compute_metrics(tables, coarse, tail_bounds)
     rows = {
         r["M"]: dict(r, source="tables", **direction_at(tables, r["M"])) for r in result["bins"]
     }
-    tail_bounds = _tail_bounds(tables_dir, tables)
-    if tail_bounds is not None:
-        for m in coarse:
-            _set_cw_bounds(rows[m], tables, m, tail_bounds)
     notes = []
     extra_tables = {}
     if other:
@@ -103,24 +100,31 @@ def metrics_for_run(
                 )
                 t_m = load_run_tables(out)
                 bounds_m = _tail_bounds(out, t_m)
-            rows[m] = dict(metrics_at(t_m, m), source="shards", **direction_at(t_m, m))
-            if bounds_m is not None:
-                _set_cw_bounds(rows[m], t_m, m, bounds_m)
+            rows[m] = dict(
+                determined_row(t_m, m, bounds_m), source="shards", **direction_at(t_m, m)
+            )
             extra_tables[m] = t_m
             notes.append(f"M={m} does not divide the fine grid F={f}: computed from the shards")
     ordered = [rows[m] for m in bins]
     for row in ordered:
         row["exact"] = bool(is_exact(row["M"], tables.m_exact))
-        if not row["exact"]:
-            notes.append(
-                f"M={row['M']} > M_exact={tables.m_exact}: approximate (tail pairs "
-                "above 1/M are counted in bin 1)"
-            )
+        if row["full_ece"] is None:
+            # over/under split Full-ECE: not determined either
+            row["overconfidence"] = row["underconfidence"] = None
+    inexact = [r["M"] for r in ordered if not r["exact"]]
+    if inexact:
+        notes.append(
+            f"M={','.join(map(str, inexact))} > M_exact={tables.m_exact}: tail probabilities "
+            f"(up to {tables.tail_max:.4g}) may lie above bin 1, so Full-ECE and cw-ECE are "
+            "not determined there: *_bounds hold their proven intervals over every placement "
+            "of the tail mass; ECE stays exact (top-1 is always kept)"
+        )
     if tail_bounds is not None:
         notes.append(
             "cw-ECE is not determined by this run (imported dump: no per-class tail); "
             "cw_ece_bounds is its exact range over every split of the tail mass consistent "
-            "with its total and each class's capacity (docs/import.md)"
+            "with its total and each class's capacity at M <= M_exact, a proven wider "
+            "interval above it (docs/import.md, docs/metrics.md)"
         )
         if any(not r.get("cw_ece_bounds_exact", True) for r in ordered):
             notes.append("cw-ECE upper bound: a proven bound, not the exact maximum")
@@ -169,15 +173,10 @@ def metrics_for_run(
         if scores["entropy"] is None:
             notes.append("entropy: not stored for every position: entropy_bounds from the tail")
     result["bins"] = ordered
-    result["rsd"] = None
-    if len(ordered) >= 2:
-        result["rsd"] = {
-            "bins": bins,
-            **{
-                k: (None if any(r[k] is None for r in ordered) else rsd([r[k] for r in ordered]))
-                for k, _ in METRIC_NAMES
-            },
-        }
+    result["rsd"] = rsd_of_rows(ordered)
+    rsd_note = _rsd_note(result["rsd"])
+    if rsd_note:
+        notes.append(rsd_note)
     result["bootstrap"] = None
     if bootstrap_replicates:
         from pipeline.core.bootstrap import bootstrap
@@ -189,6 +188,11 @@ def metrics_for_run(
             intervals[m] = b["intervals"][0]
             boot = boot or b
         boot["intervals"] = [intervals[m] for m in bins]
+        for iv, row in zip(boot["intervals"], ordered, strict=True):
+            if row["full_ece"] is None:  # resampling undetermined tables proves nothing
+                iv["full_ece"] = None
+                iv.pop("full_ece_point", None)
+                iv.pop("full_ece_bias", None)
         result["bootstrap"] = boot
     label = run_label(run_dir) if is_run(run_dir) else run_dir.resolve().name
     if not coverage["complete"]:
@@ -240,14 +244,22 @@ def _tail_bounds(tables_dir, tables):
     return read_tail_bounds(tables_dir, read_tables_meta(tables_dir), tables.vocab_size)
 
 
-def _set_cw_bounds(row: dict, tables, n_bins: int, tail_bounds) -> None:
-    """cw-ECE of a run with an unknown per-class tail: null, with its interval."""
-    from pipeline.core.metrics import classwise_ece_bounds
-
-    lo, hi, hi_exact = classwise_ece_bounds(tables, n_bins, *tail_bounds)
-    row["cw_ece"] = None
-    row["cw_ece_bounds"] = [lo, hi]
-    row["cw_ece_bounds_exact"] = hi_exact
+def _rsd_note(rsd: dict | None) -> str | None:
+    """Says which M's an RSD was computed over when not the whole M set."""
+    if not rsd:
+        return None
+    parts = []
+    for key, label in METRIC_NAMES:
+        used = rsd[f"{key}_bins"]
+        if len(used) == len(rsd["bins"]):
+            continue
+        if rsd[key] is None:
+            parts.append(f"{label} RSD: n/a (a point value at fewer than two M's)")
+        else:
+            parts.append(f"{label} RSD over the exact M = {{{','.join(map(str, used))}}} only")
+    if not parts:
+        return None
+    return "; ".join(parts) + " (never computed from intervals)"
 
 
 # top-level keys of the position-level metrics (and their intervals), registry order
@@ -266,15 +278,24 @@ def clean_row(row: dict) -> dict:
         "M": int(row["M"]),
         "ece": float(row["ece"]),
         "cw_ece": None if row["cw_ece"] is None else float(row["cw_ece"]),
-        "full_ece": float(row["full_ece"]),
+        "full_ece": None if row["full_ece"] is None else float(row["full_ece"]),
         "exact": bool(row["exact"]),
         "source": row.get("source", "tables"),
     }
-    if "cw_ece_bounds" in row:
-        out["cw_ece_bounds"] = [float(x) for x in row["cw_ece_bounds"]]
+    for key, _ in METRIC_NAMES:
+        if row.get(f"{key}_bounds") is not None:
+            out[f"{key}_bounds"] = [float(x) for x in row[f"{key}_bounds"]]
     if row.get("adaptive_ece_bounds") is not None:
         out["adaptive_ece_bounds"] = [float(x) for x in row["adaptive_ece_bounds"]]
     return out
+
+
+def value_text(row: dict, key: str) -> str:
+    """A bins[] value as text: the number, or its interval where it is not determined."""
+    if row.get(key) is None and row.get(f"{key}_bounds") is not None:
+        lo, hi = row[f"{key}_bounds"]
+        return f"[{fmt(lo)}, {fmt(hi)}]"
+    return fmt(row.get(key))
 
 
 def fmt(x: float) -> str:
@@ -308,41 +329,32 @@ def format_metrics(result: dict) -> str:
         if not m.paper
         and any(r.get(m.key) is not None or r.get(m.bounds_key or "") for r in result["bins"])
     ]
-    head = f"{'M':>5}  {'ECE':>12}  {'cw-ECE':>12}  {'Full-ECE':>12}  exact"
+    head = f"{'M':>5}  {'ECE':>12}  {'cw-ECE':>24}  {'Full-ECE':>24}  exact"
     head += "".join(f"  {m.label:>12}" for m in extra)
     if boot:
         head += f"   ECE {int(boot['level'] * 100)}% CI            Full-ECE {int(boot['level'] * 100)}% CI"
     lines.append(head)
     for r in result["bins"]:
-        cw = fmt(r["cw_ece"])
-        if r.get("cw_ece_bounds") is not None:
-            lo, hi = r["cw_ece_bounds"]
-            cw = f"[{fmt(lo)}, {fmt(hi)}]"
         line = (
-            f"{r['M']:>5}  {fmt(r['ece']):>12}  {cw:>12}  "
-            f"{fmt(r['full_ece']):>12}  {'yes' if r['exact'] else 'NO '}"
+            f"{r['M']:>5}  {fmt(r['ece']):>12}  {value_text(r, 'cw_ece'):>24}  "
+            f"{value_text(r, 'full_ece'):>24}  {'yes' if r['exact'] else 'NO '}"
         )
-        line += "".join(
-            f"  {_value_or_interval(r, m.key, m.bounds_key).replace('in ', ''):>12}" for m in extra
-        )
+        line += "".join(f"  {value_text(r, m.key):>12}" for m in extra)
         if r.get("source") == "shards":
             line += " *"
         if r["M"] in intervals:
             iv = intervals[r["M"]]
-            line += (
-                f"   [{fmt(iv['ece'][0])}, {fmt(iv['ece'][1])}]"
-                f"   [{fmt(iv['full_ece'][0])}, {fmt(iv['full_ece'][1])}]"
+            full_ci = (
+                f"[{fmt(iv['full_ece'][0])}, {fmt(iv['full_ece'][1])}]"
+                if iv.get("full_ece") is not None
+                else "n/a (Full-ECE not determined)"
             )
+            line += f"   [{fmt(iv['ece'][0])}, {fmt(iv['ece'][1])}]   {full_ci}"
         lines.append(line)
     rsd = result.get("rsd")
     if rsd:
         lines.append("")
-        lines.append(
-            f"RSD across M = {{{','.join(map(str, rsd['bins']))}}}:  "
-            f"ECE {rsd['ece']:.2f}%   cw-ECE "
-            f"{'n/a' if rsd['cw_ece'] is None else format(rsd['cw_ece'], '.2f') + '%'}   "
-            f"Full-ECE {rsd['full_ece']:.2f}%"
-        )
+        lines.append(f"RSD across M = {{{','.join(map(str, rsd['bins']))}}}:  " + _rsd_text(rsd))
     tf = result.get("token_frequency")
     if tf:
         lines.append("")
@@ -363,6 +375,19 @@ def format_metrics(result: dict) -> str:
     if any(r.get("source") == "shards" for r in result["bins"]):
         lines.append("* computed from the shards (M does not divide F)")
     return "\n".join(lines)
+
+
+def _rsd_text(rsd: dict) -> str:
+    """Each RSD, with the M's it covers where that is not the whole M set."""
+    parts = []
+    for key, label in METRIC_NAMES:
+        value = rsd.get(key)
+        used = rsd.get(f"{key}_bins", rsd["bins"])
+        text = "n/a" if value is None else f"{value:.2f}%"
+        if value is not None and len(used) != len(rsd["bins"]):
+            text += f" (exact M = {{{','.join(map(str, used))}}} only)"
+        parts.append(f"{label} {text}")
+    return "   ".join(parts)
 
 
 def _value_or_interval(result: dict, key: str, bounds_key: str | None) -> str:

@@ -50,7 +50,8 @@ def prepare_run(
     from pipeline.store.run import is_run, open_run, run_label
 
     run_dir = Path(run_dir)
-    tables = load_run_tables(ensure_tables(run_dir, quiet=quiet))
+    tables_dir = ensure_tables(run_dir, quiet=quiet)
+    tables = load_run_tables(tables_dir)
     bins = [m for m in bins if tables.fine_bins % m == 0]
     top1 = None
     temperature = None
@@ -65,7 +66,9 @@ def prepare_run(
 
             temperature = temperature_for_run(run_dir, n_bins=reliability_bins, quiet=quiet)
     else:
-        metrics = compute_metrics(tables, bins)
+        from pipeline.analysis.metrics import _tail_bounds
+
+        metrics = compute_metrics(tables, bins, _tail_bounds(tables_dir, tables))
     return {
         "label": run_label(run_dir) if is_run(run_dir) else run_dir.name,
         "path": str(run_dir),
@@ -157,7 +160,7 @@ def prepare_temperature_curve(result: dict) -> dict:
 
 def prepare_metrics_vs_bins(runs: list[dict]) -> dict:
     """Per paper metric and run: M, value, exact flag and, where the value is
-    not determined (cw_ece null with cw_ece_bounds), its interval."""
+    not determined (value null, e.g. full_ece with full_ece_bounds), its interval."""
     from pipeline.core.registry import PAPER_METRICS
 
     out = {"metrics": [], "rsd": [r["metrics"].get("rsd") for r in runs]}
@@ -432,8 +435,9 @@ def plot_temperature_curve(data: dict, ax=None):
 
 def plot_metrics_vs_bins(data: dict, ax=None):
     """ECE, cw-ECE and Full-ECE against M (log scale), one panel each (`ax`:
-    a sequence of as many axes). Hollow markers: approximate (M > M_exact);
-    a vertical bar: the interval where the value is not determined."""
+    a sequence of as many axes). A marker: a determined (exact) value; a
+    vertical bar over a shaded band: the proven interval where the tables do
+    not determine the value (M > M_exact, or cw-ECE of an import)."""
     plt = _plt()
     panels = data["metrics"]
     if ax is None:
@@ -446,21 +450,14 @@ def plot_metrics_vs_bins(data: dict, ax=None):
         all_m = set()
         for i, r in enumerate(panel["runs"]):
             color = COLORS[i % len(COLORS)]
-            ms, vals, exact = r["M"], r["value"], r["exact"]
+            ms, vals = r["M"], r["value"]
             all_m.update(ms.tolist())
             known = np.isfinite(vals)
             a.plot(ms[known], vals[known], color=color, lw=1.5, label=r["label"])
-            a.scatter(ms[exact & known], vals[exact & known], color=color, s=22, zorder=3)
-            a.scatter(
-                ms[~exact & known],
-                vals[~exact & known],
-                facecolor="white",
-                edgecolor=color,
-                s=22,
-                zorder=3,
-            )
+            a.scatter(ms[known], vals[known], color=color, s=22, zorder=3)
             iv = np.isfinite(r["lo"]) & np.isfinite(r["hi"]) & ~known
             if iv.any():
+                a.fill_between(ms[iv], r["lo"][iv], r["hi"][iv], color=color, alpha=0.15, lw=0)
                 a.vlines(
                     ms[iv],
                     r["lo"][iv],
@@ -468,13 +465,19 @@ def plot_metrics_vs_bins(data: dict, ax=None):
                     color=color,
                     lw=3,
                     alpha=0.6,
-                    label=f"{r['label']}: interval (not determined)",
+                    label=f"{r['label']}: proven interval (not determined)",
                 )
         rsd = data["rsd"][0] if data["rsd"] else None
         key = panel["key"]
         if rsd and not many and rsd.get(key) is not None and math.isfinite(rsd[key]):
             a.text(
-                0.04, 0.94, f"RSD = {rsd[key]:.1f}%", transform=a.transAxes, va="top", fontsize=9
+                0.96,
+                0.04,
+                f"RSD = {rsd[key]:.1f}%{_rsd_scope(rsd, key)}".replace(" (", "\n(", 1),
+                transform=a.transAxes,
+                ha="right",
+                va="bottom",
+                fontsize=9,
             )
         a.set_xscale("log")
         ticks = sorted(all_m)
@@ -580,7 +583,7 @@ def _metrics_table(runs: list[dict]) -> str:
             )
             rows.append(
                 f"<tr><td>{html.escape(run['label'])}</td><td>{b['M']}</td>{cells}"
-                f"<td>{'exact' if b['exact'] else 'approximate'}</td></tr>"
+                f"<td>{'exact' if b['exact'] else 'M > M_exact: [proven interval]'}</td></tr>"
             )
     head = "".join(f"<th>{html.escape(m.label)}</th>" for m in cols)
     head = f"<tr><th>run</th><th>M</th>{head}<th></th></tr>"
@@ -601,6 +604,14 @@ def _scores_table(runs: list[dict]) -> str:
     return f"<table><tr><th>run</th>{head}</tr>{''.join(rows)}</table>"
 
 
+def _rsd_scope(rsd: dict, key: str) -> str:
+    """' (exact M = {..} only)' when an RSD covers fewer M's than the M set."""
+    used = rsd.get(f"{key}_bins")
+    if used is None or len(used) == len(rsd["bins"]):
+        return ""
+    return f" (exact M = {{{','.join(map(str, used))}}} only)"
+
+
 def _summary(runs: list[dict]) -> str:
     items = []
     for run in runs:
@@ -609,7 +620,7 @@ def _summary(runs: list[dict]) -> str:
         tf = m["token_frequency"]
         shares = ", ".join(f"{b['range']}: {b['share'] * 100:.1f}%" for b in tf["buckets"])
         rsd_txt = ", ".join(
-            f"{m.label} {rsd[m.key]:.1f}%"
+            f"{m.label} {rsd[m.key]:.1f}%{_rsd_scope(rsd, m.key)}"
             for m in PAPER_METRICS
             if rsd.get(m.key) is not None and math.isfinite(rsd[m.key])
         )
@@ -767,8 +778,9 @@ def write_report(run_dirs, out_dir, *, quiet: bool = False, force: bool = False)
                 plot_metrics_vs_bins(prepare_metrics_vs_bins(runs)),
                 out_dir / "metrics_vs_bins.png",
             ),
-            "ECE, cw-ECE and Full-ECE for the paper's M set; hollow markers are approximate "
-            "(M > M_exact); bars are intervals where the data do not determine the value.",
+            "ECE, cw-ECE and Full-ECE for the paper's M set; markers are exact values, bars "
+            "over shaded bands are proven intervals where the data do not determine the value "
+            "(M > M_exact, or cw-ECE of an import); ECE is exact at every M.",
         ),
         (
             "Token frequency",

@@ -35,6 +35,10 @@ __all__ = [
     "calibration_errors",
     "tail_split_range",
     "classwise_ece_bounds",
+    "tail_top_bin",
+    "bin_metric_bounds",
+    "determined_row",
+    "rsd_of_rows",
     "FREQUENCY_BUCKETS",
     "direction_formula",
     "mce_formula",
@@ -153,10 +157,53 @@ def token_frequency(tables: BinTables) -> dict:
     }
 
 
-def compute_metrics(tables: BinTables, bins=PAPER_BINS) -> dict:
-    """Everything `fullece metrics` reports, as a JSON-ready dict."""
+BOUNDED = ("ece", "cw_ece", "full_ece")
+
+
+def determined_row(tables: BinTables, n_bins: int, tail_bounds=None) -> dict:
+    """:func:`metrics_at` with no point value the tables do not determine.
+
+    Every row gets ``ece_bounds``, ``cw_ece_bounds`` and ``full_ece_bounds``
+    (:func:`bin_metric_bounds`); a value stays a number only where its
+    interval collapses (ECE always; cw-ECE and Full-ECE at M <= M_exact with a
+    known per-class tail; Full-ECE at M <= M_exact of an import), else null.
+    """
+    row = metrics_at(tables, n_bins)
+    bounds = bin_metric_bounds(tables, n_bins, tail_bounds)
+    for key in BOUNDED:
+        lo, hi = bounds[key]
+        if lo == hi:  # determined: keep the plain formula's value (same sums)
+            row[f"{key}_bounds"] = [row[key], row[key]]
+        else:
+            row[key] = None
+            row[f"{key}_bounds"] = [lo, hi]
+    row["cw_ece_bounds_exact"] = bounds["cw_ece_hi_exact"]
+    row["full_ece_bounds_exact"] = bounds["full_ece_hi_exact"]
+    return row
+
+
+def rsd_of_rows(rows) -> dict | None:
+    """RSD over M of each metric from its determined (point) values only.
+
+    ``<key>_bins`` names the M's it was computed over; the RSD is null when
+    fewer than two M's have a point value. Never computed from an interval."""
+    if len(rows) < 2:
+        return None
+    out = {"bins": [int(r["M"]) for r in rows]}
+    for key in BOUNDED:
+        used = [r for r in rows if r.get(key) is not None]
+        out[key] = rsd([r[key] for r in used]) if len(used) >= 2 else None
+        out[f"{key}_bins"] = [int(r["M"]) for r in used]
+    return out
+
+
+def compute_metrics(tables: BinTables, bins=PAPER_BINS, tail_bounds=None) -> dict:
+    """Everything `fullece metrics` reports, as a JSON-ready dict.
+
+    ``tail_bounds``: (tail_mass[K], tail_cap[K]) of tables whose per-class tail
+    is unknown (an import), else None (see :func:`bin_metric_bounds`)."""
     bins = [check_n_bins(m) for m in bins]
-    rows = [metrics_at(tables, m) for m in bins]
+    rows = [determined_row(tables, m, tail_bounds) for m in bins]
     result = {
         "positions": tables.positions,
         "vocab_size": tables.vocab_size,
@@ -167,13 +214,7 @@ def compute_metrics(tables: BinTables, bins=PAPER_BINS) -> dict:
         "rsd": None,
         "token_frequency": token_frequency(tables),
     }
-    if len(rows) >= 2:
-        result["rsd"] = {
-            "bins": bins,
-            "ece": rsd([r["ece"] for r in rows]),
-            "cw_ece": rsd([r["cw_ece"] for r in rows]),
-            "full_ece": rsd([r["full_ece"] for r in rows]),
-        }
+    result["rsd"] = rsd_of_rows(rows)
     return result
 
 
@@ -357,6 +398,112 @@ def classwise_ece_bounds(
     lo, hi, hi_exact = tail_split_range(gap, float(tail_mass.sum()), tail_cap)
     scale = 1.0 / (tables.positions * k)
     return (other + lo) * scale, (other + hi) * scale, hi_exact
+
+
+def tail_top_bin(tail_max: float, n_bins: int) -> int:
+    """Highest bin at M = n_bins a tail probability (<= tail_max) can fall in."""
+    from pipeline.core.binning import fine_bin_index
+
+    if not tail_max > 0:
+        return 1
+    return int(fine_bin_index(np.asarray([tail_max], np.float32), n_bins)[0])
+
+
+def bin_metric_bounds(tables: BinTables, n_bins: int, tail_bounds=None) -> dict:
+    """Proven intervals of ECE, cw-ECE and Full-ECE at M = n_bins from the tables alone.
+
+    Returns ``{"ece": (lo, hi), "cw_ece": (lo, hi), "full_ece": (lo, hi),
+    "cw_ece_hi_exact": bool, "full_ece_hi_exact": bool}``; lo == hi where the
+    tables determine the figure. ``tail_bounds`` = (tail_mass[K], tail_cap[K])
+    of a run whose per-class tail is unknown (an import), else None.
+
+    What the tables hold. Top-1 is always kept, so the top-1 table is exact at
+    every M: ECE is a point. Kept pairs sit in their exact fine bins; every
+    tail pair was put into fine bin 1 although its probability is only known
+    to lie in [0, tail_max]: at M, in a bin b <= B = bin(tail_max). Tail pairs
+    never hold the label (it is always kept), so the hits of every cell are
+    exact; only where the tail *mass* lies is unknown.
+
+    The floating mass. Known per-class tail: class k's whole fine bin 1 mass
+    Q_k floats (its tail and, as a relaxation, its kept pairs <= 1/F, which
+    could lie in any bin <= B too: a superset of the true placements keeps the
+    interval proven), so tau_k = Q_k. Unknown per-class tail (import): the
+    allocation tail_mass_k is taken out of bin 1 and the shares tau_k are any
+    split with 0 <= tau_k <= tail_cap_k and sum tau_k = T (the known total).
+    Class k's share is placed as x_kb >= 0 over bins b <= B, sum_b x_kb = tau_k.
+    With g_kb = hits_kb - fixed mass_kb, cw-ECE * N K = sum |g_kb - x_kb| +
+    the terms of bins > B (fixed).
+
+    Bounds. For one class, min over x of sum_b |g_b - x_b| with x >= 0 and
+    sum x = tau is A_k + |tau - P_k|, A_k = sum_b max(-g_b, 0), P_k = sum_b
+    max(g_b, 0) (each term at its own minimiser max(g_b, 0), then every unit
+    more or less costs exactly 1: the argument of :func:`tail_split_range`);
+    minimising over the split tau is ``tail_split_range(P, T, cap).lo``. Each
+    term has slope +-1, so a class's sum is at most sum_b |g_b| + tau_k: cw-ECE
+    <= (sum |g| + T) / (N K), a proven (not always attained) upper end. With
+    B = 1 (M <= M_exact) the placement is forced and both ends are those of
+    :func:`tail_split_range` on bin 1 (exact; a point for a known tail).
+    Full-ECE pools classes: g_b = sum_k g_kb, the floating total T placed
+    over b <= B without caps; its exact range (upper end proven, exact up to
+    16 bins) is ``tail_split_range(g[:B], T, T)``. Both collapse at B = 1.
+    """
+    _check_tables(tables)
+    n_bins = check_n_bins(n_bins)
+    k, n = tables.vocab_size, tables.positions
+    top = tail_top_bin(tables.tail_max, n_bins)
+    _, conf, correct = top1_by_bin(tables, n_bins)
+    ece_value = float(ece_formula(correct, conf, n))
+    cb = tables.class_bins
+    first_fine = cb.bins == 1
+    if tail_bounds is None:
+        floating = np.bincount(
+            cb.ids[first_fine], weights=cb.values["p_sum"][first_fine], minlength=k
+        ).astype(np.float64)
+        cap = floating
+    else:
+        floating = np.asarray(tail_bounds[0], dtype=np.float64)
+        cap = np.asarray(tail_bounds[1], dtype=np.float64)
+    total = float(floating.sum())
+    per_class = cb.coarsen(tables.fine_bins, n_bins)
+    gap = np.asarray(per_class.values["hits"], np.float64) - per_class.values["p_sum"]
+    first = per_class.bins == 1
+    gap[first] += floating[per_class.ids[first]]
+    low = per_class.bins <= top
+    fixed_cw = float(np.abs(gap[~low]).sum())
+    pooled = np.bincount(per_class.bins - 1, weights=gap, minlength=n_bins)
+    if top == 1:  # every tail pair is in bin 1: the stored table is the truth
+        _, p_sum, hits = pooled_by_bin(tables, n_bins)
+        full_lo = full_hi = float(full_ece_formula(hits, p_sum, 1))
+        fixed_full, full_hi_exact = 0.0, True
+    else:
+        fixed_full = float(np.abs(pooled[top:]).sum())
+        full_lo, full_hi, full_hi_exact = tail_split_range(pooled[:top], total, np.full(top, total))
+    known = tail_bounds is None  # each class's share tau_k = Q_k is fixed
+    if top == 1:
+        gap1 = np.zeros(k, dtype=np.float64)
+        np.add.at(gap1, per_class.ids[first], gap[first])
+        if known:
+            cw_lo = cw_hi = float(np.abs(gap1 - floating).sum())
+            cw_hi_exact = True
+        else:
+            cw_lo, cw_hi, cw_hi_exact = tail_split_range(gap1, total, cap)
+    else:
+        ids, g = per_class.ids[low], gap[low]
+        above = np.bincount(ids, weights=np.maximum(g, 0.0), minlength=k)
+        below = float(np.maximum(-g, 0.0).sum())
+        if known:
+            cw_lo = below + float(np.abs(floating - above).sum())
+        else:
+            cw_lo = below + tail_split_range(above, total, cap)[0]
+        cw_hi, cw_hi_exact = float(np.abs(g).sum()) + total, False
+    scale_cw = 1.0 / (n * k)
+    return {
+        "ece": (ece_value, ece_value),
+        "cw_ece": ((fixed_cw + cw_lo) * scale_cw, (fixed_cw + cw_hi) * scale_cw),
+        "full_ece": ((fixed_full + full_lo) / n, (fixed_full + full_hi) / n),
+        "cw_ece_hi_exact": bool(cw_hi_exact),
+        "full_ece_hi_exact": bool(full_hi_exact),
+    }
 
 
 # ---- beyond the paper: direction, worst bin, equal-count bins, smooth ECE ----

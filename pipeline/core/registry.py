@@ -34,7 +34,8 @@ REGISTRY: tuple[Metric, ...] = (
         "bins",
         "(1/N) Σ_m |correct_m − conf_sum_m|",
         "top1_bins (n, conf_sum, correct)",
-        "always (top-1 is stored per position)",
+        "always (top-1 is stored per position): ece_bounds collapses at every M",
+        bounds_key="ece_bounds",
         paper=True,
     ),
     Metric(
@@ -43,7 +44,7 @@ REGISTRY: tuple[Metric, ...] = (
         "bins",
         "(1/(N K)) Σ_k Σ_m |hits_mk − p_sum_mk|",
         "class_bins (class_id, bin, p_sum, hits)",
-        "M <= m_exact (every tail probability in bin 1)",
+        "M <= m_exact (every tail probability in bin 1) and a known per-class tail",
         bounds_key="cw_ece_bounds",
         paper=True,
     ),
@@ -54,6 +55,7 @@ REGISTRY: tuple[Metric, ...] = (
         "(1/N) Σ_m |Σ_k hits_mk − Σ_k p_sum_mk|",
         "class_bins pooled over classes",
         "M <= m_exact",
+        bounds_key="full_ece_bounds",
         paper=True,
     ),
     Metric(

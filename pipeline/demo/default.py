@@ -315,6 +315,14 @@ def _f(x, digits: int = 6) -> str:
     return f"{x:.{digits}f}" if abs(x) >= 10 ** -(digits - 2) or x == 0 else f"{x:.2e}"
 
 
+def _bounded(row: dict, key: str) -> str:
+    """A bins[] value, or its proven interval where the run does not determine it."""
+    if row.get(key) is None and row.get(f"{key}_bounds"):
+        lo, hi = row[f"{key}_bounds"]
+        return f"[{_f(lo, 4)}, {_f(hi, 4)}]"
+    return _f(row.get(key))
+
+
 def _pct(x) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{x:.2f}%"
 
@@ -502,8 +510,8 @@ def format_default(rows: list[dict], verdicts: dict) -> str:
         lines.append(f"  {'M':>4}  {'ECE':>10}  {'cw-ECE':>10}  {'Full-ECE':>10}  exact")
         for b in m["bins"]:
             lines.append(
-                f"  {b['M']:>4}  {_f(b['ece']):>10}  {_f(b['cw_ece']):>10}  "
-                f"{_f(b['full_ece']):>10}  {'yes' if b['exact'] else 'NO'}"
+                f"  {b['M']:>4}  {_f(b['ece']):>10}  {_bounded(b, 'cw_ece'):>10}  "
+                f"{_bounded(b, 'full_ece'):>10}  {'yes' if b['exact'] else 'NO'}"
             )
     lines += [
         "",
@@ -519,6 +527,13 @@ def format_default(rows: list[dict], verdicts: dict) -> str:
             f"{_pct(rsd.get('ece')):>9}  {_pct(rsd.get('cw_ece')):>10}  "
             f"{_pct(rsd.get('full_ece')):>12}"
         )
+        for key, name in (("ece", "ECE"), ("cw_ece", "cw-ECE"), ("full_ece", "Full-ECE")):
+            used = rsd.get(f"{key}_bins")
+            if used is not None and len(used) != len(rsd["bins"]):
+                lines.append(
+                    f"  {'':<14} {'':>6}  {name} RSD over the exact M = "
+                    f"{{{','.join(map(str, used))}}} only (never from intervals)"
+                )
     tf = rows[-1]["metrics"]["token_frequency"]
     labels = rows[-1]["metrics"]["positions"]
     lines += [
