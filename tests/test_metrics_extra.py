@@ -483,4 +483,12 @@ def test_tiny_model_runs_full_and_topk(tmp_path):
     for a, b in zip(scan["grid"], on_run["grid"], strict=True):
         assert a["nll"] == pytest.approx(b["nll"], rel=1e-5)
         assert a["full_ece"] == pytest.approx(b["full_ece"], abs=1e-5)
-    assert on_run["best_nll_temperature"] == pytest.approx(scan["best_nll_temperature"], rel=2e-3)
+    # a random tiny model may have no finite NLL minimiser (its labels' logits at
+    # or below their rows' means: NLL falls as T grows); both paths must say so alike
+    assert on_run["nll_minimiser"] == scan["nll_minimiser"]
+    if scan["nll_minimiser"] == "finite":
+        assert on_run["best_nll_temperature"] == pytest.approx(
+            scan["best_nll_temperature"], rel=2e-3
+        )
+    else:
+        assert on_run["best_nll_temperature"] is None is scan["best_nll_temperature"]
