@@ -203,10 +203,11 @@ def _progress_lines(text: str) -> dict:
 
 
 # command -> (arguments, {bar: done lines}); a run is aggregated by the first
-# command that needs its tables (the aggregate bar), then scanned (positions)
+# command that needs its tables (the aggregate bar); `report` then scans the
+# positions (`metrics` reads the tables only: its sums were taken at aggregation)
 COMMANDS = {
     "aggregate": (["aggregate", "{topk}"], {"aggregate": 1}),
-    "metrics": (["metrics", "{full}"], {"aggregate": 1, "positions": 1}),
+    "metrics": (["metrics", "{full}"], {"aggregate": 1}),
     "report": (["report", "{topk}", "--out", "{out}"], {"aggregate": 1, "positions": 1}),
     "temperature": (["temperature", "{full}"], {"temperature pass": None}),
 }
