@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -149,19 +148,27 @@ def test_factory_picks_the_kind(monkeypatch, tmp_path):
         progress_bar("")
 
 
-def test_terminal_gets_a_tqdm_bar_without_a_monitor_thread(monkeypatch):
-    from tqdm import tqdm
-
-    monkeypatch.delenv("FULLECE_PROGRESS", raising=False)
-    master, slave = os.openpty()
-    with os.fdopen(slave, "w") as tty:
-        bar = progress_bar("terminal work", total=10, stream=tty)
-        assert isinstance(bar, tqdm) and bar.desc == "terminal work"
-        bar.update(10)
-        # no tqdm monitor thread left alive at interpreter exit (docs/scale.md)
-        assert not [t for t in threading.enumerate() if type(t).__name__ == "TMonitor"]
-        bar.close()
-    os.close(master)
+def test_terminal_gets_a_tqdm_bar_without_a_monitor_thread():
+    """In a fresh process (a bar of another library, transformers' say, may have
+    started tqdm's monitor in this one): a terminal gets a named tqdm bar, and
+    no tqdm monitor thread is left alive at interpreter exit (docs/scale.md)."""
+    code = """
+import os, threading
+from tqdm import tqdm
+from pipeline.progress import progress_bar
+master, slave = os.openpty()
+with os.fdopen(slave, "w") as tty:
+    bar = progress_bar("terminal work", total=10, stream=tty)
+    assert isinstance(bar, tqdm) and bar.desc == "terminal work", bar
+    bar.update(10)
+    print(sum(type(t).__name__ == "TMonitor" for t in threading.enumerate()))
+    bar.close()
+os.close(master)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "FULLECE_PROGRESS"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0"]
 
 
 # ------------------------------------------------------------------ commands

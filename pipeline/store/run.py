@@ -337,10 +337,10 @@ def chunk_index(path: Path, digest: str) -> dict | None:
 
 
 def _hash_store_files(path: Path, index: dict) -> None:
-    from pipeline.store.manifest import file_sha256
+    from pipeline.store.tablestore import cached_sha256
 
     for rel in sorted(index):
-        if file_sha256(path / rel) != index[rel]:
+        if cached_sha256(path / rel) != index[rel]:
             raise AggregateError(
                 f"{path / rel}: checksum differs from the store's chunk index (the chunk "
                 "changed after it was written; shard fails validation)"
@@ -500,13 +500,15 @@ def shard_problems(shard: Shard, *, thorough: bool = True) -> list[str]:
 _SUM_SLACK = 1e-3
 
 
-def open_verified_run(run_dir) -> Run:
+def open_verified_run(run_dir, *, thorough: bool = False) -> Run:
     """:func:`open_run`, then every file of every shard checked (:func:`check_shard`):
     a reader that starts here gives no number from a run that `validate` rejects
-    for its files (positions, class_tail and logits alike)."""
+    for its files (positions, class_tail and logits alike). Zarr chunks are
+    checked as they are read, or here, each against the chunk index, when
+    `thorough` (for a command that may not read them: its tables came from them)."""
     run = open_run(run_dir)
     for shard in run.shards:
-        check_shard(shard)
+        check_shard(shard, thorough=thorough)
     return run
 
 
@@ -739,5 +741,7 @@ def require_complete(run_dir, partial: bool = False) -> dict:
             "pass --partial to measure what is there"
         )
     if is_run(run_dir):
-        open_verified_run(run_dir)
+        # thorough: a full store's chunks too, though the tables may spare the
+        # command reading them (sha256 per file, cached within the process)
+        open_verified_run(run_dir, thorough=True)
     return info
