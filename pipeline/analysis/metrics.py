@@ -285,8 +285,9 @@ def clean_row(row: dict) -> dict:
     for key, _ in METRIC_NAMES:
         if row.get(f"{key}_bounds") is not None:
             out[f"{key}_bounds"] = [float(x) for x in row[f"{key}_bounds"]]
-    if row.get("adaptive_ece_bounds") is not None:
-        out["adaptive_ece_bounds"] = [float(x) for x in row["adaptive_ece_bounds"]]
+    for key in ("adaptive_ece_bounds", "full_ece_l2_bounds", "full_ece_l2_debiased_bounds"):
+        if row.get(key) is not None:
+            out[key] = [float(x) for x in row[key]]
     return out
 
 
@@ -327,6 +328,7 @@ def format_metrics(result: dict) -> str:
         m
         for m in BIN_METRICS
         if not m.paper
+        and m.text
         and any(r.get(m.key) is not None or r.get(m.bounds_key or "") for r in result["bins"])
     ]
     head = f"{'M':>5}  {'ECE':>12}  {'cw-ECE':>24}  {'Full-ECE':>24}  exact"
