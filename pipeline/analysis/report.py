@@ -569,7 +569,11 @@ def _cell(row: dict, key: str, bounds_key: str | None, spec: str) -> str:
 def _metrics_table(runs: list[dict]) -> str:
     from pipeline.core.registry import BIN_METRICS
 
-    cols = [m for m in BIN_METRICS if m.text and any(m.key in b for r in runs for b in r["metrics"]["bins"])]
+    cols = [
+        m
+        for m in BIN_METRICS
+        if m.text and any(m.key in b for r in runs for b in r["metrics"]["bins"])
+    ]
     rows = []
     for run in runs:
         for b in run["metrics"]["bins"]:
