@@ -390,17 +390,19 @@ BINS = [5, 10, 20, 50]
 @pytest.mark.slow
 def test_tiny_model_rows_match_definitions(tiny_runs):
     base, probs, labels, _ = tiny_runs
-    for store in ("full", "topk"):
+    # the reference probabilities are the full store's; the top-k store's come from the
+    # extraction kernel's own softmax, equal to ~1e-8 (the tolerance of test_metrics_extra)
+    for store, tol in (("full", 1e-12), ("topk", 1e-6)):
         got = metrics_for_run(base / store, BINS, quiet=True)
         validate_json(json.loads(dumps(got)), SCHEMA)
         for row in got["bins"]:
             want = definition(probs, labels, row["M"])
-            assert_row_matches(row, want, tol=1e-12, where=(store, row["M"]))
+            assert_row_matches(row, want, tol=tol, where=(store, row["M"]))
             assert row["ece_over"] + row["ece_under"] == pytest.approx(row["ece"], abs=1e-12)
-            assert row["ece"] == pytest.approx(want["ece"], abs=1e-12)
+            assert row["ece"] == pytest.approx(want["ece"], abs=tol)
             for key in ("full_ece_l2", "full_ece_l2_debiased"):
                 lo, hi = row[f"{key}_bounds"]
-                assert lo - 1e-9 <= want[key] <= hi + 1e-9, (store, row["M"], key)
+                assert lo - tol <= want[key] <= hi + tol, (store, row["M"], key)
                 if store == "full":  # no tail: determined at every M
                     assert row[key] is not None and lo == hi == row[key]
                 elif row[key] is None:
