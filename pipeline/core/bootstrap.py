@@ -120,7 +120,8 @@ def rsd_intervals(rsd: dict | None, replicate_values: dict, level: float) -> dic
     ``<key>_bins`` name the M's each covers; ``replicate_values[M][key]``: the
     replicates of :func:`bootstrap`, replicate r being the same resample of
     sequences at every M. Each replicate's RSD over those M's gives the interval
-    (same method as the per-M intervals). cw-ECE has none: ``seq_bins`` pools
+    (same method as the per-M intervals, the lower end clipped at 0, where the
+    centred percentiles can fall below it). cw-ECE has none: ``seq_bins`` pools
     the classes. None without an RSD."""
     if not rsd:
         return None
@@ -135,5 +136,9 @@ def rsd_intervals(rsd: dict | None, replicate_values: dict, level: float) -> dic
         with np.errstate(divide="ignore", invalid="ignore"):
             reps = values.std(axis=1, ddof=1) / mean * 100.0
         reps = reps[np.isfinite(reps)]
-        out[key] = _centred_interval(rsd[key], reps, level) if reps.size >= 2 else None
+        if reps.size < 2:
+            out[key] = None
+            continue
+        lo, hi = _centred_interval(rsd[key], reps, level)
+        out[key] = [max(lo, 0.0), hi]  # an RSD is never negative
     return out

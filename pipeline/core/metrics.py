@@ -521,8 +521,10 @@ def bin_metric_bounds(tables: BinTables, n_bins: int, tail_bounds=None) -> dict:
 
 
 def direction_formula(hits_by_bin, p_sum_by_bin, positions):
-    """(overconfidence, underconfidence): Full-ECE split by the sign of each
-    pooled bin's gap; their sum is Full-ECE."""
+    """(over, under) = (1/N) Σ_m max(p_sum_m − hits_m, 0) and (1/N) Σ_m max(hits_m −
+    p_sum_m, 0): a binned L1 error split by the sign of each bin's gap; their sum is
+    the error. Pooled bins give Full-ECE's halves (overconfidence, underconfidence,
+    always equal), top-1 bins ECE's (ece_over, ece_under)."""
     gap = np.asarray(p_sum_by_bin, np.float64) - np.asarray(hits_by_bin, np.float64)
     return (
         float(np.maximum(gap, 0).sum() / positions),
@@ -959,7 +961,8 @@ def full_ece_l2_bounds(tables: BinTables, n_bins: int, tail_bounds=None) -> dict
     * upper end: u_b² / v_b = |u_b| · |acc_b − conf_b| <= |u_b| d_b with
       d_b = max(acc_b max, conf_b max), acc_b <= H_b / (bin b's fixed count) and
       conf_b <= b/M; Σ d_b |G_b − x_b| is convex in x, so its maximum over the
-      simplex is at a vertex (all of T in one bin);
+      simplex is at a vertex (all of T in one bin); likewise for
+      Σ u_b² / max(least count, 1) (v_b >= its least count); the smaller of the two;
     * debiased: minus Σ R_b, R_b = H_b (v_b − H_b) / (v_b (v_b − 1)), each over its
       count range v_b in [max(fixed count, H_b), min(fixed count + C, V)]
       (:func:`_variance_term_range`); a bin that may hold fewer than 2 pairs may
@@ -999,8 +1002,12 @@ def full_ece_l2_bounds(tables: BinTables, n_bins: int, tail_bounds=None) -> dict
     d = np.maximum(acc_max, upper_edge) * (1 + 1e-9)
     base = d * np.abs(g)
     s_hi = float((base.sum() - base + d * np.abs(g - floating)).max())
-
     v_lo = np.maximum(nf, h)
+    # also u_b² / v_b <= u_b² / max(v_lo, 1) (an empty bin adds 0), convex in x too
+    v_floor = np.maximum(v_lo, 1.0)
+    sq = g * g / v_floor
+    s_hi = min(s_hi, float((sq.sum() - sq + (g - floating) ** 2 / v_floor).max()))
+
     v_hi = np.minimum(nf + floating_count, pairs)
     may_drop = v_lo < 2
     can_count = v_hi >= 2
