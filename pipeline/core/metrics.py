@@ -955,16 +955,18 @@ def full_ece_l2_bounds(tables: BinTables, n_bins: int, tail_bounds=None) -> dict
     fixed mass, x_b >= 0 the floating mass placed there, Σ x_b = T). Bins above B
     are fixed and enter exactly. For b <= B (docs/metrics.md, proof):
 
+    * counts: a floating pair in bin b >= 2 has p > (b − 1)/M, so at most
+      floor(T M / (b − 1)) of them reach bin b and bin 1 keeps at least C − floor(T M);
     * lower end of Σ u_b² / v_b: (Σ |u_b|)² / Σ v_b (Cauchy–Schwarz), with Σ v_b = V
       (every pair of bins <= B stays there) and Σ |u_b| >= the exact minimum over
       x of Σ |G_b − x_b| (:func:`tail_split_range`);
     * upper end: u_b² / v_b = |u_b| · |acc_b − conf_b| <= |u_b| d_b with
-      d_b = max(acc_b max, conf_b max), acc_b <= H_b / (bin b's fixed count) and
+      d_b = max(acc_b max, conf_b max), acc_b <= H_b / (bin b's least count) and
       conf_b <= b/M; Σ d_b |G_b − x_b| is convex in x, so its maximum over the
       simplex is at a vertex (all of T in one bin); likewise for
       Σ u_b² / max(least count, 1) (v_b >= its least count); the smaller of the two;
     * debiased: minus Σ R_b, R_b = H_b (v_b − H_b) / (v_b (v_b − 1)), each over its
-      count range v_b in [max(fixed count, H_b), min(fixed count + C, V)]
+      count range (at least its fixed count and H_b, at most V and what can reach it)
       (:func:`_variance_term_range`); a bin that may hold fewer than 2 pairs may
       drop out (its plain term, at most max(H_b, b/M)², and its R_b).
     """
@@ -994,21 +996,28 @@ def full_ece_l2_bounds(tables: BinTables, n_bins: int, tail_bounds=None) -> dict
 
     g, h, nf = gap[low], hits[low], fixed_n[low]
     pairs = float(n[low].sum())
+    # a pair in bin b >= 2 has p > (b − 1)/M and the floating mass is T, so at most
+    # T M / (b − 1) floating pairs reach bin b: the rest of the C stay in bin 1
+    reach = np.floor(floating * n_bins / np.maximum(np.arange(top), 1) * (1 + 1e-9))
+    v_lo = np.maximum(nf, h)
+    v_lo[0] = max(v_lo[0], nf[0] + floating_count - min(floating_count, reach[0]))
+    v_hi = np.minimum(nf + np.minimum(floating_count, reach), pairs)
+    v_hi[0] = min(nf[0] + floating_count, pairs)
     l1_lo = tail_split_range(g, floating, np.full(top, floating))[0]
     s_lo = l1_lo * l1_lo / pairs if pairs > 0 else 0.0
     with np.errstate(divide="ignore", invalid="ignore"):
-        acc_max = np.where(nf > 0, np.minimum(1.0, h / np.where(nf > 0, nf, 1.0)), (h > 0) * 1.0)
+        acc_max = np.where(
+            v_lo > 0, np.minimum(1.0, h / np.where(v_lo > 0, v_lo, 1.0)), (h > 0) * 1.0
+        )
     upper_edge = np.minimum(1.0, np.arange(1, top + 1) / n_bins)
     d = np.maximum(acc_max, upper_edge) * (1 + 1e-9)
     base = d * np.abs(g)
     s_hi = float((base.sum() - base + d * np.abs(g - floating)).max())
-    v_lo = np.maximum(nf, h)
     # also u_b² / v_b <= u_b² / max(v_lo, 1) (an empty bin adds 0), convex in x too
     v_floor = np.maximum(v_lo, 1.0)
     sq = g * g / v_floor
     s_hi = min(s_hi, float((sq.sum() - sq + (g - floating) ** 2 / v_floor).max()))
 
-    v_hi = np.minimum(nf + floating_count, pairs)
     may_drop = v_lo < 2
     can_count = v_hi >= 2
     r_lo, r_hi = _variance_term_range(h, np.maximum(v_lo, 2.0), np.maximum(v_hi, 2.0))
