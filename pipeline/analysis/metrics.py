@@ -179,15 +179,18 @@ def metrics_for_run(
         notes.append(rsd_note)
     result["bootstrap"] = None
     if bootstrap_replicates:
-        from pipeline.core.bootstrap import bootstrap
+        from pipeline.core.bootstrap import bootstrap, rsd_intervals
 
         boot = bootstrap(tables, coarse, bootstrap_replicates, seed=seed) if coarse else None
         intervals = {r["M"]: r for r in (boot["intervals"] if boot else [])}
+        replicate_values = boot.pop("replicate_values") if boot else {}
         for m, t_m in extra_tables.items():
             b = bootstrap(t_m, [m], bootstrap_replicates, seed=seed)
             intervals[m] = b["intervals"][0]
+            replicate_values.update(b.pop("replicate_values"))
             boot = boot or b
         boot["intervals"] = [intervals[m] for m in bins]
+        boot["rsd"] = rsd_intervals(result["rsd"], replicate_values, boot["level"])
         for iv, row in zip(boot["intervals"], ordered, strict=True):
             if row["full_ece"] is None:  # resampling undetermined tables proves nothing
                 iv["full_ece"] = None
@@ -285,8 +288,9 @@ def clean_row(row: dict) -> dict:
     for key, _ in METRIC_NAMES:
         if row.get(f"{key}_bounds") is not None:
             out[f"{key}_bounds"] = [float(x) for x in row[f"{key}_bounds"]]
-    if row.get("adaptive_ece_bounds") is not None:
-        out["adaptive_ece_bounds"] = [float(x) for x in row["adaptive_ece_bounds"]]
+    for key in ("adaptive_ece_bounds", "full_ece_l2_bounds", "full_ece_l2_debiased_bounds"):
+        if row.get(key) is not None:
+            out[key] = [float(x) for x in row[key]]
     return out
 
 
@@ -327,6 +331,7 @@ def format_metrics(result: dict) -> str:
         m
         for m in BIN_METRICS
         if not m.paper
+        and m.text
         and any(r.get(m.key) is not None or r.get(m.bounds_key or "") for r in result["bins"])
     ]
     head = f"{'M':>5}  {'ECE':>12}  {'cw-ECE':>24}  {'Full-ECE':>24}  exact"
@@ -355,6 +360,8 @@ def format_metrics(result: dict) -> str:
     if rsd:
         lines.append("")
         lines.append(f"RSD across M = {{{','.join(map(str, rsd['bins']))}}}:  " + _rsd_text(rsd))
+        if boot and boot.get("rsd"):
+            lines.append(_rsd_interval_text(boot))
     tf = result.get("token_frequency")
     if tf:
         lines.append("")
@@ -388,6 +395,19 @@ def _rsd_text(rsd: dict) -> str:
             text += f" (exact M = {{{','.join(map(str, used))}}} only)"
         parts.append(f"{label} {text}")
     return "   ".join(parts)
+
+
+def _rsd_interval_text(boot: dict) -> str:
+    """The RSDs' bootstrap intervals (ECE, Full-ECE; cw-ECE has none)."""
+    parts = []
+    for key, label in METRIC_NAMES:
+        interval = boot["rsd"].get(key)
+        if interval is not None:
+            parts.append(f"{label} [{interval[0]:.2f}%, {interval[1]:.2f}%]")
+    level = int(boot["level"] * 100)
+    return f"RSD {level}% CI (bootstrap over sequences):  " + (
+        "   ".join(parts) if parts else "n/a"
+    )
 
 
 def _value_or_interval(result: dict, key: str, bounds_key: str | None) -> str:
