@@ -134,11 +134,7 @@ class PositionScan:
         from pipeline.core.binning import fine_bin_index
         from pipeline.core.floors import bin_mass_sq_of_rows
 
-        arr = col["kept_probs"]
-        arr = arr.combine_chunks() if hasattr(arr, "combine_chunks") else arr
-        offsets = arr.offsets.to_numpy()
-        kept = arr.values.to_numpy()[offsets[0] : offsets[-1]]
-        rows = np.repeat(np.arange(n), np.diff(offsets))
+        rows, kept = _kept_entries(col["kept_probs"], n)
         tail = column_numpy(col["tail_mass"]).astype(np.float64)
         self.add_mass_sq(
             bin_mass_sq_of_rows(
@@ -217,12 +213,19 @@ def _needs_kept(col) -> bool:
     return not bool(np.isfinite(h).all())
 
 
-def _kept_sums(kept_probs, n: int) -> dict:
-    """Per row: Σ p² and −Σ p ln p over the kept entries (float64)."""
+def _kept_entries(kept_probs, n: int):
+    """(row of each kept entry, its float32 probability) of a kept_probs list column."""
     arr = kept_probs.combine_chunks() if hasattr(kept_probs, "combine_chunks") else kept_probs
     offsets = arr.offsets.to_numpy()
-    values = arr.values.to_numpy().astype(np.float64)[offsets[0] : offsets[-1]]
-    rows = np.repeat(np.arange(n), np.diff(offsets))
+    return np.repeat(np.arange(n), np.diff(offsets)), arr.values.to_numpy()[
+        offsets[0] : offsets[-1]
+    ]
+
+
+def _kept_sums(kept_probs, n: int) -> dict:
+    """Per row: Σ p² and −Σ p ln p over the kept entries (float64)."""
+    rows, values = _kept_entries(kept_probs, n)
+    values = values.astype(np.float64)
     return {
         "sum_p2": np.bincount(rows, weights=values * values, minlength=n),
         "entropy": np.bincount(rows, weights=_neg_xlogx(values), minlength=n),
