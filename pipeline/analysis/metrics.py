@@ -294,8 +294,8 @@ def add_floors(rows, tables, mass_sq, cw_known: bool, extra_tables=None) -> list
             )
         else:
             why = (
-                "M > M_exact (Full-ECE not determined), or Σ_i q_im² is kept only for M "
-                f"dividing F={tables.fine_bins} up to 1000"
+                "M > M_exact (Full-ECE not determined), or Σ_i q_im² is kept only for the "
+                f"paper's M's (5, 10, …, 500) dividing F={tables.fine_bins}"
             )
         notes.append(f"full_ece_floor is null at M={','.join(map(str, no_full))}: {why}")
     return notes

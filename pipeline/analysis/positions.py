@@ -254,7 +254,7 @@ def _dense_rows_of_shard(shard, scan=None):
         sq.append(np.einsum("ij,ij->i", p, p))
         ent.append(_neg_xlogx(p).sum(axis=1))
         if scan is not None and scan.mass_sq is not None:
-            scan.add_mass_sq(bin_mass_sq(p32, scan.mass_sq, scan.fine_bins))
+            scan.add_mass_sq(bin_mass_sq(p32, scan.mass_sq, scan.fine_bins, p))
     return np.concatenate(sq), np.concatenate(ent)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.core.binning import coarsen_bins, fine_bin_index
+from pipeline.core.binning import bin1_threshold, coarsen_bins, fine_bin_index
 from pipeline.core.tables import BinTables, SparseBins
 
 __all__ = [
@@ -199,42 +199,57 @@ def full_ece_floor_at(p_sum_by_bin, mass_sq_by_bin, positions: int) -> tuple[flo
 
 
 def floor_bins_of(fine_bins: int) -> list[int]:
-    """The M's whose Σ_i q_im² is kept at aggregation: every divisor of F up to 1000."""
-    return [m for m in range(1, min(fine_bins, 1000) + 1) if fine_bins % m == 0]
+    """The M's whose Σ_i q_im² is kept at aggregation: the paper's M's dividing F."""
+    from pipeline import PAPER_BINS
+
+    return [m for m in PAPER_BINS if fine_bins % m == 0]
+
+
+def _group_sums(cell, mass):
+    """(first index, summed mass) of each run of equal consecutive `cell` values."""
+    starts = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]]) if cell.size else cell
+    return starts, (np.add.reduceat(mass, starts) if mass.size else mass)
 
 
 def bin_mass_sq_of_rows(rows, fine_bin, probs, fine_bins: int, ms) -> dict:
     """{M: Σ_i q_im² [M]} for M in `ms` (each dividing F), where q_im is row i's
     total probability in bin m at M, from (row, fine bin, probability) entries
-    (any order, repeats summed). Cost: a sort of the entries, then one pass per
-    M over the distinct (row, fine bin) pairs; no [rows, M] array."""
-    key = np.asarray(rows, np.int64) * fine_bins + (np.asarray(fine_bin, np.int64) - 1)
-    pair, where = np.unique(key, return_inverse=True)
-    mass = np.bincount(where.reshape(-1), weights=np.asarray(probs, np.float64).reshape(-1))
-    row, fine = pair // fine_bins, pair % fine_bins + 1
+    (any order, repeats summed). The entries are sorted by (row, fine bin) once
+    (a stable sort: rows come in order already) and summed per pair; each M then
+    sums the pairs of the finest M already done that it divides (bins nest), so
+    the work shrinks as M does. No [rows, M] array."""
+    row = np.asarray(rows, np.int64)
+    level = np.asarray(fine_bin, np.int64)  # 1-based bins at the current grid
+    order = np.argsort(row * fine_bins + level, kind="stable")
+    row, level = row[order], level[order]
+    starts, mass = _group_sums(row * (fine_bins + 1) + level, np.asarray(probs, np.float64)[order])
+    done = {fine_bins: (row[starts], level[starts], mass)}
     out = {}
-    for m in ms:
-        coarse = coarsen_bins(fine, fine_bins, m).astype(np.int64)
-        cell = row * (m + 1) + coarse  # sorted: pairs are sorted by (row, fine)
-        starts = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]])
-        q = np.add.reduceat(mass, starts) if mass.size else mass
-        out[int(m)] = np.bincount(coarse[starts] - 1, weights=q * q, minlength=m)
+    for m in sorted({int(m) for m in ms}, reverse=True):
+        finer = min(g for g in done if g % m == 0)
+        r, b, q = done[finer]
+        coarse = (b * m + finer - 1) // finer  # coarsen_bins: exact when m divides finer
+        starts, q = _group_sums(r * (m + 1) + coarse, q)
+        done[m] = (r[starts], coarse[starts], q)
+        out[m] = np.bincount(done[m][1] - 1, weights=q * q, minlength=m)
     return out
 
 
-def bin_mass_sq(probs, ms, fine_bins: int = 1000) -> dict:
+def bin_mass_sq(probs, ms, fine_bins: int = 1000, probs64=None) -> dict:
     """{M: Σ_i q_im²} of dense [n, K] probabilities of record, for M in `ms`.
-    Fine bin 1 is summed per row first, so only the few larger entries are sorted."""
+    Fine bin 1 (a float32 comparison, binning.bin1_threshold) is summed per row
+    first, so only the few larger entries are binned and sorted. `probs64`: the
+    same probabilities as float64, when the caller has them already."""
     p = np.asarray(probs, np.float32)
+    p64 = p.astype(np.float64) if probs64 is None else probs64
     n = p.shape[0]
-    fine = fine_bin_index(p, fine_bins)
-    low = fine == 1
-    bin1 = np.where(low, p.astype(np.float64), 0.0).sum(axis=1)
-    r, c = np.nonzero(~low)
+    high = p > bin1_threshold(fine_bins)
+    bin1 = np.add.reduce(p64, axis=1, where=~high)
+    r, c = np.nonzero(high)
     return bin_mass_sq_of_rows(
         np.r_[np.arange(n), r],
-        np.r_[np.ones(n, np.int64), fine[r, c]],
-        np.r_[bin1, p[r, c].astype(np.float64)],
+        np.r_[np.ones(n, np.int64), fine_bin_index(p[r, c], fine_bins)],
+        np.r_[bin1, p64[r, c]],
         fine_bins,
         ms,
     )
