@@ -291,8 +291,8 @@ def _scan_runs(
         cols = (
             ["label_prob", "entropy", "sum_p2"] if not keep_pairs and "sum_p2" in names else every
         )
-        if fine_bins is not None and run.store != "full" and "kept_probs" not in cols:
-            cols = [*cols, "kept_probs", "tail_mass"]  # Σ_i q_im² (Full-ECE's floor)
+        if fine_bins is not None and run.store != "full":
+            cols = every  # Σ_i q_im² (Full-ECE's floor) reads kept_probs and the tail
         dense = _dense_rows_of_shard(shard, scan) if run.store == "full" else None
         batches = iter_positions(shard, cols, BATCH_ROWS)
         start = 0
