@@ -428,3 +428,28 @@ def test_sums_kept_before_floors_are_rescanned(tmp_path):
     want = noise_floors(case.probs, case.labels, 10)
     assert result["bins"][0]["full_ece_floor"] == pytest.approx(want["full_ece_floor"], rel=1e-9)
     assert json.loads(path.read_text())["schema_version"] == 2
+
+
+@pytest.mark.slow
+def test_imported_dump_has_no_cw_ece_floor_and_says_why(tmp_path):
+    """An import has no per-class tail: cw-ECE's floor is null at every M (its cells'
+    tail shares are unknown), with the reason; ECE's and Full-ECE's (the tail mass
+    pooled in bin 1) are given at M <= M_exact and match the dense distributions."""
+    from pipeline.analysis.metrics import metrics_for_run
+    from pipeline.ingest import import_vllm
+    from tests.test_import import _random_docs, write_vllm
+
+    vocab = 50
+    docs = _random_docs(seed=3, n_docs=6, vocab=vocab, max_len=14)
+    dump = write_vllm(tmp_path / "dump.jsonl", docs, 10)
+    run, manifest, _ = import_vllm([dump], tmp_path / "imported", vocab_size=vocab)
+    result = metrics_for_run(run, (5, 10, 20, 50), quiet=True)
+    probs = np.concatenate([p[: len(ids) - 1] for ids, p in docs])
+    labels = np.concatenate([ids[1:] for ids, _ in docs])
+    for row in result["bins"]:
+        assert row["cw_ece_floor"] is None
+        if row["M"] <= manifest["m_exact"]:
+            want = noise_floors(probs, labels, row["M"])
+            assert row["ece_floor"] == pytest.approx(want["ece_floor"], rel=1e-3)
+            assert row["full_ece_floor"] == pytest.approx(want["full_ece_floor"], rel=1e-3)
+    assert any("imported dump: the per-class tail is unknown" in n for n in result["notes"])
