@@ -146,7 +146,7 @@ def floor_of_cells(p_sum, sum_sq, denominator: float) -> tuple[float, float]:
 
 
 def _fine_sum_sq_mid(n, p_sum, fine_bin, fine_bins: int, bin1_top: float):
-    """Midpoint of the proven Σp² interval of fine cells, and its half-width.
+    """Midpoint of the proven Σp² interval of fine cells.
 
     Fine bin j holds values in ((j−1)/F, j/F]; fine bin 1 also every tail
     probability, so its upper edge is max(1/F, bin1_top)."""
@@ -154,7 +154,7 @@ def _fine_sum_sq_mid(n, p_sum, fine_bin, fine_bins: int, bin1_top: float):
     lower = (j - 1.0) / fine_bins
     upper = np.where(j == 1, max(1.0 / fine_bins, bin1_top), j / fine_bins)
     lo, hi = fine_cell_sum_sq_bounds(n, p_sum, lower, upper)
-    return 0.5 * (lo + hi), 0.5 * (hi - lo)
+    return 0.5 * (lo + hi)
 
 
 def ece_floor_at(tables: BinTables, n_bins: int) -> tuple[float, float]:
@@ -162,7 +162,7 @@ def ece_floor_at(tables: BinTables, n_bins: int) -> tuple[float, float]:
     bin from its proven interval, midpoint)."""
     f = tables.fine_bins
     fine = np.arange(1, f + 1)
-    sq, _ = _fine_sum_sq_mid(tables.top1_n, tables.top1_conf_sum, fine, f, 1.0 / f)
+    sq = _fine_sum_sq_mid(tables.top1_n, tables.top1_conf_sum, fine, f, 1.0 / f)
     coarse = coarsen_bins(fine, f, n_bins) - 1
     conf = np.bincount(coarse, weights=tables.top1_conf_sum, minlength=n_bins)
     sq_m = np.bincount(coarse, weights=sq, minlength=n_bins)
@@ -175,7 +175,7 @@ def cw_ece_floor_at(tables: BinTables, n_bins: int) -> tuple[float, float]:
     every class's pairs are in class_bins). Valid where the tail lies in bin 1
     (M <= M_exact) and the per-class tail is known."""
     cb = tables.class_bins
-    sq, _ = _fine_sum_sq_mid(
+    sq = _fine_sum_sq_mid(
         cb.values["n"], cb.values["p_sum"], cb.bins, tables.fine_bins, tables.tail_max
     )
     cells = SparseBins.from_parts(
@@ -228,7 +228,7 @@ def bin_mass_sq_of_rows(rows, fine_bin, probs, fine_bins: int, ms) -> dict:
     for m in sorted({int(m) for m in ms}, reverse=True):
         finer = min(g for g in done if g % m == 0)
         r, b, q = done[finer]
-        coarse = (b * m + finer - 1) // finer  # coarsen_bins: exact when m divides finer
+        coarse = coarsen_bins(b, finer, m).astype(np.int64)
         starts, q = _group_sums(r * (m + 1) + coarse, q)
         done[m] = (r[starts], coarse[starts], q)
         out[m] = np.bincount(done[m][1] - 1, weights=q * q, minlength=m)
