@@ -453,3 +453,24 @@ def test_imported_dump_has_no_cw_ece_floor_and_says_why(tmp_path):
             assert row["ece_floor"] == pytest.approx(want["ece_floor"], rel=1e-3)
             assert row["full_ece_floor"] == pytest.approx(want["full_ece_floor"], rel=1e-3)
     assert any("imported dump: the per-class tail is unknown" in n for n in result["notes"])
+
+
+def test_tables_without_the_sums_give_no_full_ece_floor_and_say_why(tmp_path):
+    """A tables directory (not a run) whose sums are not in the cache: Full-ECE's
+    floor is null with the reason; ECE's and cw-ECE's come from the tables alone."""
+    from pipeline.aggregate import aggregate, read_tables_meta
+    from pipeline.analysis.metrics import metrics_for_run
+    from pipeline.analysis.positions import _scores_path
+    from tests.helpers.analysis_runs import dense_case, write_run
+
+    case = dense_case(150, 10, seed=12)
+    write_run(tmp_path / "run", case, store="full")
+    out, _ = aggregate([tmp_path / "run"], tmp_path / "tables", progress=False)
+    _scores_path(read_tables_meta(out)).unlink()
+    result = metrics_for_run(out, (10, 20), quiet=True)
+    for row in result["bins"]:
+        want = noise_floors(case.probs, case.labels, row["M"])
+        assert row["full_ece_floor"] is None and row["full_ece_floor_p95"] is None
+        assert row["ece_floor"] == pytest.approx(want["ece_floor"], rel=1e-3)
+        assert row["cw_ece_floor"] == pytest.approx(want["cw_ece_floor"], rel=1e-3)
+    assert any("no Σ_i q_im² kept for these tables" in n for n in result["notes"])
