@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
+from benchmarks.bench_core import interleaved_best
 from benchmarks.bench_metrics import write_positions
 
 
@@ -48,16 +48,6 @@ def dense_rows(p32: np.ndarray, with_floor: bool) -> None:
         bin_mass_sq(p32, floor_bins_of(1000), 1000, p)
 
 
-def interleaved(fns: dict, repeat: int = 3) -> dict:
-    times = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: min(t) for name, t in times.items()}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -68,14 +58,16 @@ def main(argv=None) -> int:
     kept = 64
     path = args.out / "bench_floors_positions.parquet"
     write_positions(path, n, kept)
-    topk = interleaved({"without": lambda: scan(path, None), "with": lambda: scan(path, 1000)})
+    topk = interleaved_best(
+        {"without": lambda: scan(path, None), "with": lambda: scan(path, 1000)}, 3
+    )
     path.unlink()
     rows, k = (2_000, 8_000) if args.quick else (4_000, 32_000)
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((rows, k)) * 3
     p32 = np.exp(logits - logits.max(axis=1, keepdims=True))
     p32 = (p32 / p32.sum(axis=1, keepdims=True)).astype(np.float32)
-    dense = interleaved(
+    dense = interleaved_best(
         {"without": lambda: dense_rows(p32, False), "with": lambda: dense_rows(p32, True)}
     )
     results = {
