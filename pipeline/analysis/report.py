@@ -35,8 +35,9 @@ RUN_COLORS = ("#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#e377c2", 
 # a panel whose positive values span more than this ratio gets a log axis, so a
 # near-uniform run (values ~100x below the others) is not drawn on the floor
 LOG_SPAN = 10.0
+LOG_DECADES = 4  # ... covering at most this many decades below the largest value
 ZOOM_BELOW = 0.5  # a reliability panel whose points all lie below this is zoomed
-INSET_BELOW = 0.02  # ... and its bin 1 gets a log-log inset when below this share of the panel
+INSET_BELOW = 0.05  # ... and its bin 1 gets a log-log inset when below this share of the panel
 
 
 def run_colors(n_runs: int) -> list[str]:
@@ -62,15 +63,25 @@ def run_colors(n_runs: int) -> list[str]:
 
 def value_axis(values) -> dict:
     """The y axis that shows every value of a panel: linear from 0, or log when
-    the positive values span more than LOG_SPAN."""
+    the positive values span more than LOG_SPAN. A log axis covers at most
+    LOG_DECADES decades below the largest value; smaller values (a
+    near-uniform model's Full-ECE is 0 up to rounding) sit on its floor,
+    marked as below it."""
     v = np.asarray(values, np.float64).ravel()
     pos = v[np.isfinite(v) & (v > 0)]
     if pos.size == 0:
         return {"scale": "linear", "lim": (0.0, 1.0)}
     lo, hi = float(pos.min()), float(pos.max())
     if hi / lo > LOG_SPAN:
-        return {"scale": "log", "lim": (lo / 1.6, hi * 1.6)}
+        floor = max(lo, hi * 10.0**-LOG_DECADES) / 1.6
+        return {"scale": "log", "lim": (floor, hi * 1.6)}
     return {"scale": "linear", "lim": (0.0, hi * 1.08)}
+
+
+def below_floor(values, axis: dict) -> np.ndarray:
+    """Values a log axis cannot show (at or below its floor): drawn on the floor as ▼."""
+    v = np.asarray(values, np.float64)
+    return (v < axis["lim"][0]) if axis["scale"] == "log" else np.zeros(v.shape, bool)
 
 
 def axis_fraction(values, axis: dict) -> np.ndarray:
@@ -377,7 +388,23 @@ def caption_metrics_vs_bins(data: dict) -> str:
             f" Log y axis for {_names(logs)}: the values span more than {LOG_SPAN:g}x, "
             "so a linear axis would put the smallest on the floor."
         )
-    return text
+    return text + _floor_clause(
+        (p["axis"], p["label"], s["label"], s["value"][s["determined"]])
+        for p in panels
+        for s in p["runs"]
+    )
+
+
+def _floor_clause(items) -> str:
+    """Which determined values sit below their log axis' floor (drawn as ▼ on
+    it); items: (axis, metric label, run label, values)."""
+    low = [f"{m} of {run}" for axis, m, run, v in items if below_floor(v, axis).any()]
+    if not low:
+        return ""
+    return (
+        f" ▼ on the floor of a log axis: a value below the floor ({_names(low)}; "
+        "the numbers are in the table)."
+    )
 
 
 def prepare_trend(runs: list[dict], n_bins: int = 10) -> dict:
@@ -414,7 +441,11 @@ def caption_trend(data: dict) -> str:
     logs = [p["label"] for p in data["panels"] if p["axis"]["scale"] == "log"]
     if logs:
         text += f" Log y axis for {_names(logs)} (values spanning more than {LOG_SPAN:g}x)."
-    return text
+    return text + _floor_clause(
+        (p["axis"], p["label"], data["labels"][i], p["value"][i : i + 1])
+        for p in data["panels"]
+        for i in np.flatnonzero(p["determined"])
+    )
 
 
 def prepare_frequency_histogram(label_counts: np.ndarray) -> dict:
@@ -522,11 +553,16 @@ def _apply_axis(ax, axis: dict) -> None:
     ax.set_ylim(*axis["lim"])
 
 
+def _num(x: float) -> str:
+    """4 decimals, or 3 significant digits for a small nonzero value (never '0.0000')."""
+    return f"{x:.4f}" if x == 0 or abs(x) >= 1e-3 else f"{x:.3g}"
+
+
 def _value_text(s: dict, metric: str, m: int) -> str:
     if s["value"] is not None:
-        return f"{metric}(M={m}) = {s['value']:.4f}"
+        return f"{metric}(M={m}) = {_num(s['value'])}"
     if s["bounds"] is not None:
-        return f"{metric}(M={m}) in [{s['bounds'][0]:.4f}, {s['bounds'][1]:.4f}]"
+        return f"{metric}(M={m}) in [{_num(s['bounds'][0])}, {_num(s['bounds'][1])}]"
     return ""
 
 
@@ -726,6 +762,17 @@ def _intervals(a, x, lo, hi, color, axis: dict, band: bool) -> None:
     a.scatter(x, hi, marker="_", s=90, color=color, lw=1.5)
 
 
+def _points(a, x, y, color, axis: dict, *, line: bool) -> None:
+    """Determined values as filled markers (joined when `line`); those below a
+    log axis' floor drawn on it as ▼."""
+    low = below_floor(y, axis)
+    shown = np.where(low, axis["lim"][0], y)
+    if line:
+        a.plot(x, shown, color=color, lw=1.5, zorder=2)
+    a.scatter(x[~low], shown[~low], color=color, s=30, edgecolor="black", lw=0.4, zorder=3)
+    a.scatter(x[low], shown[low], color=color, marker="v", s=45, zorder=3, clip_on=False)
+
+
 def plot_metrics_vs_bins(data: dict, ax=None):
     """ECE, cw-ECE and Full-ECE against M (log scale), one panel each (`ax`:
     a sequence of as many axes), one colour per run. Filled markers: values
@@ -748,7 +795,7 @@ def plot_metrics_vs_bins(data: dict, ax=None):
         for r in panel["runs"]:
             ms, det, iv = r["M"], r["determined"], r["interval"]
             all_m.update(ms.tolist())
-            a.plot(ms[det], r["value"][det], color=r["color"], lw=1.5, marker="o", ms=4.5)
+            _points(a, ms[det], r["value"][det], r["color"], panel["axis"], line=True)
             if iv.any():
                 any_interval = True
                 _intervals(a, ms[iv], r["lo"][iv], r["hi"][iv], r["color"], panel["axis"], True)
@@ -779,6 +826,10 @@ def plot_metrics_vs_bins(data: dict, ax=None):
         for r in panels[0]["runs"]
     ]
     handles.append(Line2D([], [], color="black", marker="o", ls="", label="determined (exact)"))
+    if any(below_floor(r["value"], p["axis"]).any() for p in panels for r in p["runs"]):
+        handles.append(
+            Line2D([], [], color="black", marker="v", ls="", label="below the log floor")
+        )
     if any_interval:
         handles.append(
             Line2D(
@@ -854,10 +905,10 @@ def plot_trend(trend: dict, ax=None):
     colors = np.asarray(trend["colors"])
     for a, p in zip(axes, panels, strict=True):
         x, det, iv = p["x"], p["determined"], p["interval"]
-        a.plot(x[det], p["value"][det], color="0.6", lw=1, zorder=1)
-        a.scatter(
-            x[det], p["value"][det], c=list(colors[det]), s=40, edgecolor="black", lw=0.5, zorder=3
-        )
+        shown = np.maximum(p["value"][det], p["axis"]["lim"][0])
+        a.plot(x[det], shown, color="0.6", lw=1, zorder=1)
+        for i in np.flatnonzero(det):
+            _points(a, x[i : i + 1], p["value"][i : i + 1], colors[i], p["axis"], line=False)
         for i in np.flatnonzero(iv):
             _intervals(
                 a, x[i : i + 1], p["lo"][i : i + 1], p["hi"][i : i + 1], colors[i], p["axis"], False
