@@ -243,8 +243,9 @@ def caption_reliability(data: dict) -> str:
         f"{what}, M = {data['n_bins']} equal-width bins"
         + (", one panel per run in its colour" if many else "")
         + ". Bars: observed frequency per bin; red hatching: overconfident gap "
-        "(confidence above frequency), blue hatching: underconfident gap, in every panel. "
-        f"Below each panel: {unit} per bin (log scale)."
+        "(confidence above frequency), blue hatching: underconfident gap"
+        + (", in every panel" if many else "")
+        + f". Below {'each panel' if many else 'it'}: {unit} per bin (log scale)."
     ]
     zoomed = [s for s in series if s["limit"] < 1.0]
     if zoomed:
@@ -377,11 +378,13 @@ def caption_metrics_vs_bins(data: dict) -> str:
             " I-bars over shaded bands: proven intervals [lo, hi] where the data do not "
             f"determine the value: {intervals}."
         )
+        exact_everywhere = [
+            p["label"] for p in panels if all(s["determined"].all() for s in p["runs"])
+        ]
+        if exact_everywhere:
+            text += f" {_names(exact_everywhere)}: exact at every M drawn."
     else:
         text += " Every value drawn is determined: no interval."
-    exact_everywhere = [p["label"] for p in panels if all(s["determined"].all() for s in p["runs"])]
-    if exact_everywhere:
-        text += f" {_names(exact_everywhere)}: exact at every M drawn."
     logs = [p["label"] for p in panels if p["axis"]["scale"] == "log"]
     if logs:
         text += (
@@ -490,7 +493,8 @@ def prepare_token_frequency(runs: list[dict]) -> dict:
                 "runs": g["runs"],
                 "label": (
                     (
-                        f"all {len(runs)} runs (identical label counts)"
+                        ("both runs" if len(runs) == 2 else f"all {len(runs)} runs")
+                        + " (identical label counts)"
                         if len(g["runs"]) == len(runs)
                         else f"{_names(g['runs'])} (identical label counts)"
                     )
@@ -669,7 +673,13 @@ def plot_reliability(data: dict, ax=None):
     from matplotlib.lines import Line2D
 
     handles.append(Line2D([], [], ls="--", color=REFERENCE_COLOR, label="perfect calibration"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncol=4 if n > 1 else 2,
+        fontsize=8,
+        frameon=False,
+    )
     fig.suptitle(f"{title[kind]} (M = {data['n_bins']})")
     return fig
 
