@@ -572,6 +572,8 @@ def _value_text(s: dict, metric: str, m: int) -> str:
 
 def _reliability_panel(ax, axc, data: dict, s: dict) -> None:
     """One run's reliability panel (and count strip `axc`, if any)."""
+    from matplotlib.ticker import LogLocator
+
     edges = data["edges"]
     width = np.diff(edges)
     centers = edges[:-1] + width / 2
@@ -625,6 +627,8 @@ def _reliability_panel(ax, axc, data: dict, s: dict) -> None:
         seen = s["count"] > 0
         axc.bar(centers[seen], s["count"][seen], width=width[seen] * 0.9, color=s["color"])
         axc.set_yscale("log")
+        axc.yaxis.set_major_locator(LogLocator(numticks=4))
+        axc.minorticks_off()  # fewer tick labels: each costs a text layout
         axc.set_xlim(0, limit)
 
 
@@ -652,11 +656,22 @@ def plot_reliability(data: dict, ax=None):
     n = len(series)
     ncols = min(n, 3)
     nrows = -(-n // ncols)
-    fig = plt.figure(figsize=(4.2 * ncols, 5.6 * nrows), layout="constrained")
-    outer = fig.add_gridspec(nrows, ncols, hspace=0.08)
+    width, height = 4.2 * ncols, 5.4 * nrows + 1.3
+    fig = plt.figure(figsize=(width, height))
+    # fixed margins (inches): a layout engine would draw the figure once more
+    outer = fig.add_gridspec(
+        nrows,
+        ncols,
+        left=0.75 / width,
+        right=1 - 0.15 / width,
+        top=1 - 0.95 / height,
+        bottom=0.95 / height,
+        hspace=0.22,
+        wspace=0.28,
+    )
     for i, s in enumerate(series):
         r, c = divmod(i, ncols)
-        cell = outer[r, c].subgridspec(2, 1, height_ratios=[3, 1], hspace=0.02)
+        cell = outer[r, c].subgridspec(2, 1, height_ratios=[3, 1], hspace=0.06)
         a = fig.add_subplot(cell[0])
         axc = fig.add_subplot(cell[1], sharex=a)
         _reliability_panel(a, axc, data, s)
@@ -675,12 +690,13 @@ def plot_reliability(data: dict, ax=None):
     handles.append(Line2D([], [], ls="--", color=REFERENCE_COLOR, label="perfect calibration"))
     fig.legend(
         handles=handles,
-        loc="outside lower center",
+        loc="lower center",
+        bbox_to_anchor=(0.5, 0.0),
         ncol=4 if n > 1 else 2,
         fontsize=8,
         frameon=False,
     )
-    fig.suptitle(f"{title[kind]} (M = {data['n_bins']})")
+    fig.suptitle(f"{title[kind]} (M = {data['n_bins']})", y=1 - 0.1 / height, va="top")
     return fig
 
 
