@@ -627,6 +627,10 @@ def _reliability_panel(ax, axc, data: dict, s: dict) -> None:
         seen = s["count"] > 0
         axc.bar(centers[seen], s["count"][seen], width=width[seen] * 0.9, color=s["color"])
         axc.set_yscale("log")
+        if seen.any():  # whole decades: at least two labelled ticks
+            lo = 10.0 ** math.floor(math.log10(s["count"][seen].min()))
+            hi = 10.0 ** math.ceil(math.log10(s["count"][seen].max()))
+            axc.set_ylim(lo, max(hi, lo * 10))
         axc.yaxis.set_major_locator(LogLocator(numticks=4))
         axc.minorticks_off()  # fewer tick labels: each costs a text layout
         axc.set_xlim(0, limit)
