@@ -418,3 +418,21 @@ def test_intervals_exactly_where_values_are_not_determined(tmp_path):
         bars = [c for c in ax.collections if isinstance(c, LineCollection)]
         assert sum(len(c.get_segments()) for c in bars) == n_intervals[panel["key"]]
     plt.close(fig)
+
+
+def test_full_reliability_above_m_exact_is_said_to_be_undetermined():
+    """At M > M_exact the full diagram's bin 1 may hold tail probabilities that
+    belong higher: the panel and the caption say so; top-1 is always determined."""
+    from pipeline.analysis.report import prepare_reliability
+
+    runs = []
+    for label, m_exact in (("coarse", 5), ("fine", 1000), ("extract", None)):
+        run = _run_stub(label, [0.1, 0.4, 0.6, 0.9], [0.2, 0.3, 0.6, 0.5], [5, 3, 1, 2])
+        run["metrics"]["m_exact"] = m_exact
+        run["reliability"]["n_bins"] = 10
+        runs.append(run)
+    full = prepare_reliability(runs, "full")
+    assert [s["determined"] for s in full["series"]] == [False, True, True]
+    assert "Not determined for coarse (M_exact < M)" in full["caption"]
+    top1 = prepare_reliability(runs, "top1")
+    assert all(s["determined"] for s in top1["series"]) and "Not determined" not in top1["caption"]
