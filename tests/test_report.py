@@ -211,3 +211,229 @@ def test_full_store_report_has_smooth_and_temperature_figures(tmp_path):
     fig2, ax = plt.subplots()
     assert plot_reliability(prepare_reliability([run], "top1"), ax=ax) is fig2
     plt.close("all")
+
+
+# ------------------------------------- several runs: colours, intervals, visibility
+
+
+def _drawn_colors(fig) -> set[str]:
+    """Every colour a figure's artists (lines, markers, patches, collections) draw with."""
+    from matplotlib.collections import Collection
+    from matplotlib.colors import to_hex
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    out = set()
+    for ax in fig.axes:
+        for art in ax.get_children():
+            if isinstance(art, Line2D):
+                out.add(to_hex(art.get_color()))
+                out.add(to_hex(art.get_markerfacecolor()))
+            elif isinstance(art, Patch) and art is not ax.patch:
+                out.update({to_hex(art.get_facecolor()), to_hex(art.get_edgecolor())})
+            elif isinstance(art, Collection):
+                out.update(to_hex(c) for c in art.get_facecolors())
+                out.update(to_hex(c) for c in art.get_edgecolors())
+    return out
+
+
+@pytest.fixture(scope="module")
+def three_runs(tmp_path_factory):
+    """A near-uniform checkpoint (every probability below 0.1), a trained one,
+    and a full-store one (temperature figure), prepared as the report does."""
+    from pipeline.analysis.report import prepare_run
+
+    base = tmp_path_factory.mktemp("three")
+    uniform = dense_case(400, 40, seed=70, docs=10, scale=0.25, zipf=0.0, temperature=1.0)
+    assert uniform.probs.max() < 0.1
+    write_run(base / "u", uniform, k=5, label="near-uniform")
+    write_run(
+        base / "t", dense_case(400, 20, seed=71, docs=10, temperature=1.8), k=5, label="trained"
+    )
+    write_run(base / "f", dense_case(300, 20, seed=72, docs=10), store="full", label="full")
+    return [prepare_run(base / d, quiet=True) for d in ("u", "t", "f")]
+
+
+def test_run_colors_are_distinct_and_never_the_gap_or_reference_colours():
+    from pipeline.analysis.report import OVER_COLOR, REFERENCE_COLOR, UNDER_COLOR, run_colors
+
+    for n in range(1, 16):
+        colors = run_colors(n)
+        assert len(colors) == n == len(set(colors))
+        assert not {OVER_COLOR, UNDER_COLOR, REFERENCE_COLOR} & set(colors)
+
+
+def test_one_colour_per_run_in_every_figure(three_runs):
+    """Same run, same colour, in the data of every figure and in what is drawn;
+    red and blue (the gap colours) only in the reliability diagrams."""
+    import matplotlib.pyplot as plt
+
+    from pipeline.analysis.report import OVER_COLOR, UNDER_COLOR, prepare_figures, run_colors
+
+    labels = [r["label"] for r in three_runs]
+    expected = dict(zip(labels, run_colors(3), strict=True))
+    figures = prepare_figures(three_runs)
+    assert {f["file"] for f in figures} >= {
+        "temperature_2.png",
+        "smooth_reliability_0.png",
+        "trend.png",
+    }
+    seen: dict[str, set] = {label: set() for label in labels}
+    for f in figures:
+        data = f["data"]
+        pairs = []
+        if "series" in data:  # reliability, token frequency
+            pairs += [(s["label"], s["color"]) for s in data["series"] if s["label"] in seen]
+        for panel in data.get("metrics", []):
+            pairs += [(s["label"], s["color"]) for s in panel["runs"]]
+        if "colors" in data:  # trend
+            pairs += list(zip(data["labels"], data["colors"], strict=True))
+        if data.get("label") in seen:  # smooth reliability, temperature
+            pairs.append((data["label"], data["color"]))
+        assert pairs or f["file"] == "token_frequency.png", f["file"]
+        for label, color in pairs:
+            seen[label].add(color)
+        fig = f["plot"](data)
+        drawn = _drawn_colors(fig)
+        plt.close(fig)
+        for label, color in pairs:
+            assert color in drawn, (f["file"], label, color)
+        gap = {OVER_COLOR, UNDER_COLOR} & drawn
+        assert bool(gap) == f["file"].startswith("reliability_"), (f["file"], gap)
+    assert seen == {label: {expected[label]} for label in labels}
+
+
+def test_reliability_panels_keep_their_shading_and_caption_with_several_runs(three_runs):
+    """The caption's red/blue hatching is drawn in every run's panel that has a gap."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    from pipeline.analysis.report import (
+        OVER_COLOR,
+        UNDER_COLOR,
+        plot_reliability,
+        prepare_reliability,
+    )
+
+    for kind in ("top1", "full"):
+        data = prepare_reliability(three_runs, kind)
+        assert "red hatching: overconfident" in data["caption"]
+        assert "blue hatching: underconfident" in data["caption"]
+        assert "one panel per run" in data["caption"]
+        fig = plot_reliability(data)
+        titled = [a for a in fig.axes if a.get_title()]
+        assert [a.get_title().split("\n")[0].split(" (")[0] for a in titled] == [
+            r["label"] for r in three_runs
+        ]
+        for ax, s in zip(titled, data["series"], strict=True):
+            hatched = {
+                (to_hex(p.get_edgecolor()), p.get_hatch())
+                for p in ax.patches
+                if p.get_hatch() and p.get_height() > 0
+            }
+            ok = np.isfinite(s["mean_prob"])
+            assert ((OVER_COLOR, "////") in hatched) == bool((s["over"][ok] > 0).any())
+            assert ((UNDER_COLOR, "\\\\\\\\") in hatched) == bool((s["under"][ok] > 0).any())
+        plt.close(fig)
+
+
+def test_a_near_uniform_run_is_visible_in_every_figure(three_runs):
+    """Its values are orders of magnitude below the trained run's: on the chosen
+    axes each sits clear of the floor (or, below a log axis' floor, is marked
+    there and named in the caption); a linear axis would have put it on the floor."""
+    from pipeline.analysis.report import (
+        axis_fraction,
+        below_floor,
+        prepare_metrics_vs_bins,
+        prepare_reliability,
+        prepare_trend,
+    )
+
+    data = prepare_metrics_vs_bins(three_runs)
+    hidden_on_linear = False
+    for panel in data["metrics"]:
+        everything = np.concatenate([s["value"] for s in panel["runs"]])
+        linear = {"scale": "linear", "lim": (0.0, np.nanmax(everything))}
+        s = panel["runs"][0]
+        assert s["label"] == "near-uniform"
+        v = s["value"][s["determined"]]
+        low = below_floor(v, panel["axis"])
+        assert (axis_fraction(v[~low], panel["axis"]) >= 0.05).all(), panel["key"]
+        if low.any():
+            assert f"{panel['label']} of near-uniform" in data["caption"]
+        hidden_on_linear |= bool((axis_fraction(v, linear) < 0.02).any())
+    assert hidden_on_linear  # the case the log axes are for
+    assert {p["key"]: p["axis"]["scale"] for p in data["metrics"]}["full_ece"] == "log"
+    trend = prepare_trend(three_runs)
+    for p in trend["panels"]:
+        if p["determined"][0]:
+            v = p["value"][:1]
+            assert below_floor(v, p["axis"]).all() or axis_fraction(v, p["axis"])[0] >= 0.05
+    for kind in ("top1", "full"):
+        s = prepare_reliability(three_runs, kind)["series"][0]
+        assert s["limit"] <= 0.1  # zoomed: every probability is below 0.1
+        ok = s["count"] > 0
+        frac = np.maximum(s["mean_prob"][ok], s["frequency"][ok]) / s["limit"]
+        inset = s["inset"]
+        if inset is None:
+            assert (frac >= 0.05).all()
+        else:
+            x = axis_fraction([inset["mean_prob"], inset["frequency"]], inset["axis"])
+            assert ((x > 0) & (x < 1)).all()
+
+
+def test_intervals_exactly_where_values_are_not_determined(tmp_path):
+    """A top-k run with M_exact below most of the M set: above M_exact Full-ECE
+    is drawn as its proven interval (I-bar), never as a point; ECE, determined
+    at every M, is drawn as a point at every M, even where the row is not exact."""
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection
+
+    from pipeline.analysis.report import plot_metrics_vs_bins, prepare_metrics_vs_bins, prepare_run
+    from pipeline.core.registry import PAPER_METRICS
+
+    case = dense_case(300, 12, seed=80, docs=10, scale=1.0, zipf=0.0, temperature=1.3)
+    manifest = write_run(tmp_path / "r", case, k=2, label="topk")
+    run = prepare_run(tmp_path / "r", quiet=True)
+    rows = run["metrics"]["bins"]
+    assert manifest["m_exact"] < 500 and not all(r["exact"] for r in rows)
+    data = prepare_metrics_vs_bins([run])
+    n_intervals = {}
+    for panel, m in zip(data["metrics"], PAPER_METRICS, strict=True):
+        s = panel["runs"][0]
+        for i, row in enumerate(rows):
+            assert s["determined"][i] == (row[m.key] is not None)
+            assert s["interval"][i] == (row[m.key] is None)
+            if row[m.key] is None:
+                lo, hi = row[m.bounds_key]
+                assert lo < hi and (s["lo"][i], s["hi"][i]) == (lo, hi)
+                assert f"{panel['label']} of topk at M = " in data["caption"]
+                assert (
+                    str(row["M"])
+                    in data["caption"].split(f"{panel['label']} of topk at M = ")[1].split(";")[0]
+                )
+        n_intervals[m.key] = int(s["interval"].sum())
+    assert n_intervals["ece"] == 0 and n_intervals["full_ece"] == sum(not r["exact"] for r in rows)
+    fig = plot_metrics_vs_bins(data)
+    for ax, panel in zip(fig.axes, data["metrics"], strict=True):
+        bars = [c for c in ax.collections if isinstance(c, LineCollection)]
+        assert sum(len(c.get_segments()) for c in bars) == n_intervals[panel["key"]]
+    plt.close(fig)
+
+
+def test_full_reliability_above_m_exact_is_said_to_be_undetermined():
+    """At M > M_exact the full diagram's bin 1 may hold tail probabilities that
+    belong higher: the panel and the caption say so; top-1 is always determined."""
+    from pipeline.analysis.report import prepare_reliability
+
+    runs = []
+    for label, m_exact in (("coarse", 5), ("fine", 1000), ("extract", None)):
+        run = _run_stub(label, [0.1, 0.4, 0.6, 0.9], [0.2, 0.3, 0.6, 0.5], [5, 3, 1, 2])
+        run["metrics"]["m_exact"] = m_exact
+        run["reliability"]["n_bins"] = 10
+        runs.append(run)
+    full = prepare_reliability(runs, "full")
+    assert [s["determined"] for s in full["series"]] == [False, True, True]
+    assert "Not determined for coarse (M_exact < M)" in full["caption"]
+    top1 = prepare_reliability(runs, "top1")
+    assert all(s["determined"] for s in top1["series"]) and "Not determined" not in top1["caption"]

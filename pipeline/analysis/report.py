@@ -1,13 +1,20 @@
 """``fullece report``: PNG figures and one self-contained HTML page.
 
-``prepare_*`` functions compute the data (numpy, from the bin tables);
-``plot_*`` functions draw it. matplotlib is imported only inside the plot
-functions (Agg backend), so nothing else in the tool pays for it.
+``prepare_*`` functions compute the data (numpy, from the bin tables): what
+each figure draws, in which colour, on which scale, and its caption;
+``plot_*(data, ax=None)`` functions only draw it. matplotlib is imported only
+inside the plot functions (Agg backend), so nothing else in the tool pays for it.
+
+Colours: run i has ``run_colors(n)[i]`` in every figure and in the page;
+red and blue are kept for the over/underconfident gaps of the reliability
+diagrams, grey/black for references (the diagonal, NLL, T*, a series shared
+by several runs), so neither is ever a run's colour.
 """
 
 from __future__ import annotations
 
 import base64
+import colorsys
 import html
 import json
 import math
@@ -21,18 +28,75 @@ from pipeline import PAPER_BINS
 from pipeline.core.registry import PAPER_METRICS
 
 RELIABILITY_BINS = 10
-COLORS = (
-    "#1f77b4",
-    "#d62728",
-    "#2ca02c",
-    "#9467bd",
-    "#ff7f0e",
-    "#8c564b",
-    "#e377c2",
-    "#7f7f7f",
-    "#bcbd22",
-    "#17becf",
-)
+OVER_COLOR = "#d62728"  # overconfident gap (reliability diagrams only)
+UNDER_COLOR = "#1f77b4"  # underconfident gap (reliability diagrams only)
+REFERENCE_COLOR = "#444444"  # diagonal, NLL, T*, a series several runs share
+RUN_COLORS = ("#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#e377c2", "#bcbd22")
+# a panel whose positive values span more than this ratio gets a log axis, so a
+# near-uniform run (values ~100x below the others) is not drawn on the floor
+LOG_SPAN = 10.0
+LOG_DECADES = 4  # ... covering at most this many decades below the largest value
+ZOOM_BELOW = 0.5  # a reliability panel whose points all lie below this is zoomed
+INSET_BELOW = 0.05  # ... and its bin 1 gets a log-log inset when below this share of the panel
+
+
+def run_colors(n_runs: int) -> list[str]:
+    """One distinct colour per run: RUN_COLORS, then evenly spaced hues that
+    avoid red and blue (the gap colours) for more runs."""
+    if n_runs <= len(RUN_COLORS):
+        return list(RUN_COLORS[:n_runs])
+    # allowed hue arcs: (0.06, 0.50) and (0.67, 0.94), i.e. no red, no blue
+    arcs = ((0.06, 0.50), (0.67, 0.94))
+    total = sum(b - a for a, b in arcs)
+    out = []
+    for i in range(n_runs):
+        t = (i + 0.5) / n_runs * total
+        for a, b in arcs:
+            if t <= b - a:
+                hue = a + t
+                break
+            t -= b - a
+        r, g, b_ = colorsys.hls_to_rgb(hue, 0.38 if i % 2 else 0.5, 0.75)
+        out.append("#{:02x}{:02x}{:02x}".format(*(round(255 * c) for c in (r, g, b_))))
+    return out
+
+
+def value_axis(values) -> dict:
+    """The y axis that shows every value of a panel: linear from 0, or log when
+    the positive values span more than LOG_SPAN. A log axis covers at most
+    LOG_DECADES decades below the largest value; smaller values (a
+    near-uniform model's Full-ECE is 0 up to rounding) sit on its floor,
+    marked as below it."""
+    v = np.asarray(values, np.float64).ravel()
+    pos = v[np.isfinite(v) & (v > 0)]
+    if pos.size == 0:
+        return {"scale": "linear", "lim": (0.0, 1.0)}
+    lo, hi = float(pos.min()), float(pos.max())
+    if hi / lo > LOG_SPAN:
+        floor = max(lo, hi * 10.0**-LOG_DECADES) / 1.6
+        return {"scale": "log", "lim": (floor, hi * 1.6)}
+    return {"scale": "linear", "lim": (0.0, hi * 1.08)}
+
+
+def below_floor(values, axis: dict) -> np.ndarray:
+    """Values a log axis cannot show (at or below its floor): drawn on the floor as ▼."""
+    v = np.asarray(values, np.float64)
+    return (v < axis["lim"][0]) if axis["scale"] == "log" else np.zeros(v.shape, bool)
+
+
+def axis_fraction(values, axis: dict) -> np.ndarray:
+    """Where values sit on `axis` (value_axis form): 0 bottom, 1 top, clipped."""
+    lo, hi = axis["lim"]
+    v = np.asarray(values, np.float64)
+    if axis["scale"] == "log":
+        f = (np.log(np.maximum(v, lo)) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    else:
+        f = (v - lo) / (hi - lo)
+    return np.clip(f, 0.0, 1.0)
+
+
+def _names(labels: list[str]) -> str:
+    return ", ".join(labels)
 
 
 # ------------------------------------------------------------------ prepare
@@ -84,49 +148,133 @@ def _bin_row(metrics: dict, n_bins: int) -> dict | None:
     return next((b for b in metrics["bins"] if b["M"] == n_bins), None)
 
 
+def _zoom(edges, count, mean, freq) -> float:
+    """Right/top limit of a reliability panel: 1, or the smallest bin edge
+    holding every point when they all lie below ZOOM_BELOW."""
+    seen = count > 0
+    if not seen.any():
+        return 1.0
+    last = int(np.flatnonzero(seen).max())
+    reach = max(float(edges[last + 1]), float(np.nanmax(freq[seen])))
+    if reach > ZOOM_BELOW:
+        return 1.0
+    return float(edges[np.searchsorted(edges, reach - 1e-12)])
+
+
+def _bin1_inset(count, mean, freq, limit) -> dict | None:
+    """Bin 1 on log-log axes when its point would sit in the panel's corner
+    (within INSET_BELOW of the limit on both axes): a near-uniform model's
+    probabilities, or the full distribution's tail."""
+    if count[0] <= 0 or max(mean[0], freq[0]) >= INSET_BELOW * limit:
+        return None
+    pos = [x for x in (mean[0], freq[0]) if x > 0]
+    lo = 10.0 ** math.floor(math.log10(min(pos) / 3))  # whole decades: clean ticks
+    hi = 10.0 ** math.ceil(math.log10(max(pos) * 3))
+    return {
+        "mean_prob": float(mean[0]),
+        "frequency": float(freq[0]),
+        "count": float(count[0]),
+        "axis": {"scale": "log", "lim": (lo, hi)},
+    }
+
+
 def prepare_reliability(runs: list[dict], kind: str) -> dict:
-    """Reliability-diagram data for `kind` ("top1" or "full"): per run and bin
-    the count, mean predicted probability, observed frequency, and the gap
-    split by sign: `over` = max(mean − frequency, 0) (overconfident bins) and
-    `under` = max(frequency − mean, 0); NaN for empty bins."""
+    """Reliability-diagram data for `kind` ("top1" or "full"), one panel per
+    run in the run's colour: per bin the count, mean predicted probability,
+    observed frequency, and the gap split by sign: `over` = max(mean −
+    frequency, 0) (overconfident bins) and `under` = max(frequency − mean, 0);
+    NaN for empty bins. `limit`: the panel's axes run over [0, limit]
+    (zoomed below 1 when every point lies below ZOOM_BELOW); `inset`: bin 1 on
+    log-log axes when its point would sit in the corner; `determined`: false
+    for the full diagram of a run whose M_exact is below M (its tail
+    probabilities may belong above bin 1)."""
     from pipeline.core.registry import metric
 
     if kind not in ("top1", "full"):
         raise ValueError(f"kind must be 'top1' or 'full', got {kind!r}")
     rel0 = runs[0]["reliability"]
+    n_bins = int(rel0["n_bins"])
     edges = np.asarray(rel0["edges"], np.float64)
-    key = "ece" if kind == "top1" else "full_ece"
+    m = metric("ece" if kind == "top1" else "full_ece")
+    colors = run_colors(len(runs))
     series = []
-    for run in runs:
+    for run, color in zip(runs, colors, strict=True):
         d = run["reliability"][kind]
+        count = np.asarray(d["count"], np.float64)
         mean = np.asarray(d["mean_prob"], np.float64)
         freq = np.asarray(d["frequency"], np.float64)
-        row = _bin_row(run["metrics"], rel0["n_bins"])
+        row = _bin_row(run["metrics"], n_bins)
+        limit = _zoom(edges, count, mean, freq)
+        m_exact = run["metrics"].get("m_exact")
         series.append(
             {
                 "label": run["label"],
-                "count": np.asarray(d["count"], np.float64),
+                "color": color,
+                "count": count,
                 "mean_prob": mean,
                 "frequency": freq,
                 "over": np.where(np.isfinite(mean), np.maximum(mean - freq, 0.0), np.nan),
                 "under": np.where(np.isfinite(mean), np.maximum(freq - mean, 0.0), np.nan),
-                "value": None if row is None else row.get(key),
+                "value": None if row is None else row.get(m.key),
+                "bounds": None if row is None else row.get(m.bounds_key),
+                "limit": limit,
+                "inset": _bin1_inset(count, mean, freq, limit),
+                "determined": kind == "top1" or m_exact is None or n_bins <= m_exact,
             }
         )
-    return {
-        "kind": kind,
-        "n_bins": int(rel0["n_bins"]),
-        "edges": edges,
-        "metric": metric(key).label,
-        "series": series,
-    }
+    data = {"kind": kind, "n_bins": n_bins, "edges": edges, "metric": m.label, "series": series}
+    data["caption"] = caption_reliability(data)
+    return data
 
 
-def prepare_smooth_reliability(confidence, correct, max_points: int = 200_000) -> dict:
+def caption_reliability(data: dict) -> str:
+    """What plot_reliability draws, in words (every clause true of `data`)."""
+    series = data["series"]
+    many = len(series) > 1
+    what = (
+        "Accuracy against top-1 confidence"
+        if data["kind"] == "top1"
+        else "Label frequency against predicted probability over every (position, class) pair"
+    )
+    unit = "positions" if data["kind"] == "top1" else "pairs"
+    parts = [
+        f"{what}, M = {data['n_bins']} equal-width bins"
+        + (", one panel per run in its colour" if many else "")
+        + ". Bars: observed frequency per bin; red hatching: overconfident gap "
+        "(confidence above frequency), blue hatching: underconfident gap"
+        + (", in every panel" if many else "")
+        + f". Below {'each panel' if many else 'it'}: {unit} per bin (log scale)."
+    ]
+    zoomed = [s for s in series if s["limit"] < 1.0]
+    if zoomed:
+        parts.append(
+            "Axes zoomed to [0, limit] for "
+            + _names([f"{s['label']} ({s['limit']:g})" for s in zoomed])
+            + ": every point lies below it."
+        )
+    inset = [s["label"] for s in series if s["inset"] is not None]
+    if inset:
+        parts.append(
+            f"Inset, log-log: bin 1 (0, 1/{data['n_bins']}], whose point would sit in the "
+            f"corner, for {_names(inset)}."
+        )
+    undetermined = [s["label"] for s in series if not s["determined"]]
+    if undetermined:
+        parts.append(
+            f"Not determined for {_names(undetermined)} (M_exact < M): tail probabilities "
+            "are counted in bin 1, where they may not all belong."
+        )
+    return " ".join(parts)
+
+
+def prepare_smooth_reliability(
+    confidence, correct, max_points: int = 200_000, *, label: str | None = None, color=None
+) -> dict:
     """relplot's smooth reliability diagram data (relplot.prepare_rel_diagram)
     for the top-1 confidences and their correctness; no bootstrap band. Above
     `max_points` positions an evenly spaced subsample of the confidence-sorted
-    pairs is used for the curve (the smooth ECE itself is reported from all)."""
+    pairs is used for the curve (the smooth ECE itself is reported from all).
+    `label`, `color`: the run's (REFERENCE_COLOR without one)."""
     import relplot
 
     conf = np.asarray(confidence, np.float64)
@@ -139,11 +287,14 @@ def prepare_smooth_reliability(confidence, correct, max_points: int = 200_000) -
         conf, hit, plot_confidence_band=False, report_CE_std=False, num_bootstrap=0
     )
     data["positions"] = int(np.asarray(confidence).size)
+    data["label"] = label
+    data["color"] = color or REFERENCE_COLOR
     return data
 
 
-def prepare_temperature_curve(result: dict) -> dict:
-    """NLL and Full-ECE against T from a `temperature_scan` result, T* marked."""
+def prepare_temperature_curve(result: dict, *, label: str | None = None, color=None) -> dict:
+    """NLL and Full-ECE against T from a `temperature_scan` result, T* marked;
+    the calibration errors in the run's `color`, NLL and T* in REFERENCE_COLOR."""
     rows = sorted(result["grid"], key=lambda r: r["temperature"])
     return {
         "M": result["M"],
@@ -153,49 +304,149 @@ def prepare_temperature_curve(result: dict) -> dict:
         "full_ece": np.array([r["full_ece"] for r in rows]),
         "best_temperature": result.get("best_nll_temperature"),
         "best": result.get("best"),
+        "label": label,
+        "color": color or REFERENCE_COLOR,
     }
 
 
-def prepare_metrics_vs_bins(runs: list[dict]) -> dict:
-    """Per paper metric and run: M, value, exact flag and, where the value is
-    not determined (value null, e.g. full_ece with full_ece_bounds), its interval."""
-    from pipeline.core.registry import PAPER_METRICS
+def _metric_series(rows: list[dict], m) -> dict:
+    """Values of metric `m` over `rows`: `determined` where the value is a point,
+    `interval` where it is not but its proven [lo, hi] is known."""
+    value = np.array([np.nan if r.get(m.key) is None else r[m.key] for r in rows], np.float64)
+    bounds = [r.get(m.bounds_key) if m.bounds_key else None for r in rows]
+    lo = np.array([np.nan if b is None else b[0] for b in bounds], np.float64)
+    hi = np.array([np.nan if b is None else b[1] for b in bounds], np.float64)
+    determined = np.isfinite(value)
+    return {
+        "value": value,
+        "lo": lo,
+        "hi": hi,
+        "determined": determined,
+        "interval": ~determined & np.isfinite(lo) & np.isfinite(hi),
+    }
 
+
+def _panel_axis(series: list[dict]) -> dict:
+    values = [s["value"][s["determined"]] for s in series]
+    values += [s[k][s["interval"]] for s in series for k in ("lo", "hi")]
+    return value_axis(np.concatenate(values) if values else [])
+
+
+def prepare_metrics_vs_bins(runs: list[dict]) -> dict:
+    """Per paper metric (one panel each) and run: M, value where determined,
+    the proven [lo, hi] where not (`*_bounds` of the metrics object), the run's
+    colour, and the panel's y axis (value_axis: log where a run's values lie
+    far below the others)."""
+    colors = run_colors(len(runs))
     out = {"metrics": [], "rsd": [r["metrics"].get("rsd") for r in runs]}
     for m in PAPER_METRICS:
         per_run = []
-        for run in runs:
+        for run, color in zip(runs, colors, strict=True):
             rows = run["metrics"]["bins"]
-            bounds = [r.get(m.bounds_key) if m.bounds_key else None for r in rows]
-            per_run.append(
-                {
-                    "label": run["label"],
-                    "M": np.array([r["M"] for r in rows]),
-                    "value": np.array(
-                        [np.nan if r.get(m.key) is None else r[m.key] for r in rows], np.float64
-                    ),
-                    "exact": np.array([bool(r["exact"]) for r in rows]),
-                    "lo": np.array([np.nan if b is None else b[0] for b in bounds], np.float64),
-                    "hi": np.array([np.nan if b is None else b[1] for b in bounds], np.float64),
-                }
-            )
-        out["metrics"].append({"key": m.key, "label": m.label, "runs": per_run})
+            s = _metric_series(rows, m)
+            s.update(label=run["label"], color=color, M=np.array([r["M"] for r in rows]))
+            per_run.append(s)
+        out["metrics"].append(
+            {"key": m.key, "label": m.label, "runs": per_run, "axis": _panel_axis(per_run)}
+        )
+    out["caption"] = caption_metrics_vs_bins(out)
     return out
+
+
+def _interval_clause(panels: list[dict]) -> str:
+    """Which metric of which run is drawn as an interval, at which M."""
+    items = []
+    for p in panels:
+        for s in p["runs"]:
+            if s["interval"].any():
+                at = ",".join(str(int(m)) for m in s["M"][s["interval"]])
+                items.append(f"{p['label']} of {s['label']} at M = {at}")
+    return "; ".join(items)
+
+
+def caption_metrics_vs_bins(data: dict) -> str:
+    panels = data["metrics"]
+    text = (
+        "ECE, cw-ECE and Full-ECE for the M set, one colour per run. Filled markers joined "
+        "by lines: values the data determine (exact)."
+    )
+    intervals = _interval_clause(panels)
+    if intervals:
+        text += (
+            " I-bars over shaded bands: proven intervals [lo, hi] where the data do not "
+            f"determine the value: {intervals}."
+        )
+        exact_everywhere = [
+            p["label"] for p in panels if all(s["determined"].all() for s in p["runs"])
+        ]
+        if exact_everywhere:
+            text += f" {_names(exact_everywhere)}: exact at every M drawn."
+    else:
+        text += " Every value drawn is determined: no interval."
+    logs = [p["label"] for p in panels if p["axis"]["scale"] == "log"]
+    if logs:
+        text += (
+            f" Log y axis for {_names(logs)}: the values span more than {LOG_SPAN:g}x, "
+            "so a linear axis would put the smallest on the floor."
+        )
+    return text + _floor_clause(
+        (p["axis"], p["label"], s["label"], s["value"][s["determined"]])
+        for p in panels
+        for s in p["runs"]
+    )
+
+
+def _floor_clause(items) -> str:
+    """Which determined values sit below their log axis' floor (drawn as ▼ on
+    it); items: (axis, metric label, run label, values)."""
+    low = [f"{m} of {run}" for axis, m, run, v in items if below_floor(v, axis).any()]
+    if not low:
+        return ""
+    return (
+        f" ▼ on the floor of a log axis: a value below the floor ({_names(low)}; "
+        "the numbers are in the table)."
+    )
 
 
 def prepare_trend(runs: list[dict], n_bins: int = 10) -> dict:
-    """Metrics at M = n_bins per run, in the order given."""
-    from pipeline.core.registry import PAPER_METRICS
-
-    out = {"M": n_bins, "labels": [r["label"] for r in runs], "names": []}
+    """Metrics at M = n_bins per run, in the order given: one point per run in
+    its colour (value, or proven interval where not determined), a y axis per
+    metric (value_axis)."""
+    colors = run_colors(len(runs))
+    out = {"M": n_bins, "labels": [r["label"] for r in runs], "colors": colors, "names": []}
+    out["panels"] = []
     for m in PAPER_METRICS:
-        vals = []
-        for r in runs:
-            row = _bin_row(r["metrics"], n_bins)
-            vals.append(np.nan if row is None or row.get(m.key) is None else row[m.key])
-        out[m.key] = np.asarray(vals, np.float64)
+        rows = [_bin_row(r["metrics"], n_bins) or {} for r in runs]
+        s = _metric_series(rows, m)
+        s.update(key=m.key, label=m.label, x=np.arange(len(runs)))
+        s["axis"] = _panel_axis([s])
+        out[m.key] = s["value"]
         out["names"].append((m.key, m.label))
+        out["panels"].append(s)
+    out["caption"] = caption_trend(out)
     return out
+
+
+def caption_trend(data: dict) -> str:
+    text = (
+        f"ECE, cw-ECE and Full-ECE at M = {data['M']} for each run, in the order given; "
+        "each run's point in its colour, a grey line joining the determined values."
+    )
+    items = []
+    for p in data["panels"]:
+        if p["interval"].any():
+            names = [data["labels"][i] for i in np.flatnonzero(p["interval"])]
+            items.append(f"{p['label']} of {_names(names)}")
+    if items:
+        text += f" I-bars: proven intervals where the data do not determine the value ({'; '.join(items)})."
+    logs = [p["label"] for p in data["panels"] if p["axis"]["scale"] == "log"]
+    if logs:
+        text += f" Log y axis for {_names(logs)} (values spanning more than {LOG_SPAN:g}x)."
+    return text + _floor_clause(
+        (p["axis"], p["label"], data["labels"][i], p["value"][i : i + 1])
+        for p in data["panels"]
+        for i in np.flatnonzero(p["determined"])
+    )
 
 
 def prepare_frequency_histogram(label_counts: np.ndarray) -> dict:
@@ -217,6 +468,57 @@ def prepare_frequency_histogram(label_counts: np.ndarray) -> dict:
     return {"labels": labels, "shares": np.asarray(shares), "vocab_size": k}
 
 
+def prepare_token_frequency(runs: list[dict]) -> dict:
+    """Token-frequency histograms, one series per distinct set of label counts:
+    runs over the same text (checkpoints) have identical ones and share one
+    series in REFERENCE_COLOR; a series of one run has the run's colour."""
+    colors = run_colors(len(runs))
+    groups: list[dict] = []
+    for run, color in zip(runs, colors, strict=True):
+        counts = np.asarray(run["label_counts"])
+        same = next((g for g in groups if np.array_equal(g["counts"], counts)), None)
+        if same is None:
+            groups.append({"counts": counts, "runs": [run["label"]], "colors": [color]})
+        else:
+            same["runs"].append(run["label"])
+            same["colors"].append(color)
+    series = []
+    for g in groups:
+        h = prepare_frequency_histogram(g["counts"])
+        shared = len(g["runs"]) > 1
+        series.append(
+            {
+                "runs": g["runs"],
+                "label": (
+                    (
+                        ("both runs" if len(runs) == 2 else f"all {len(runs)} runs")
+                        + " (identical label counts)"
+                        if len(g["runs"]) == len(runs)
+                        else f"{_names(g['runs'])} (identical label counts)"
+                    )
+                    if shared
+                    else g["runs"][0]
+                ),
+                "color": REFERENCE_COLOR if shared else g["colors"][0],
+                "buckets": h["labels"],
+                "shares": h["shares"],
+                "vocab_size": h["vocab_size"],
+            }
+        )
+    buckets = max((s["buckets"] for s in series), key=len)
+    data = {"buckets": buckets, "series": series}
+    text = "Share of the vocabulary by the number of times each entry occurs as a label"
+    if len(series) == 1 and len(runs) > 1:
+        text += f"; the {len(runs)} runs have identical label counts (same text): one series"
+    elif len(series) > 1:
+        text += "; one bar per distinct set of label counts, in the run's colour"
+        shared = [s["label"] for s in series if len(s["runs"]) > 1]
+        if shared:
+            text += f" (grey: {_names(shared)})"
+    data["caption"] = text + "."
+    return data
+
+
 # --------------------------------------------------------------------- plot
 
 
@@ -233,6 +535,7 @@ def _plt():
             "axes.spines.right": False,
             "savefig.dpi": 150,
             "figure.dpi": 100,
+            "hatch.linewidth": 0.6,
         }
     )
     return plt
@@ -247,119 +550,161 @@ def save_figure(fig, path: Path) -> Path:
     return path
 
 
-OVER_COLOR = "#d62728"
-UNDER_COLOR = "#1f77b4"
+def _apply_axis(ax, axis: dict) -> None:
+    ax.set_yscale(axis["scale"])
+    ax.set_ylim(*axis["lim"])
 
 
-def plot_reliability(data: dict, ax=None):
-    """Reliability diagram from :func:`prepare_reliability`: observed
-    frequency against mean predicted probability per bin; for one run the gap
-    of each bin is shaded red where the model is overconfident (mean >
-    frequency) and blue where it is underconfident. Without `ax`, a count
-    panel is added below. Returns the figure."""
-    plt = _plt()
-    axc = None
-    if ax is None:
-        fig, (ax, axc) = plt.subplots(
-            2,
-            1,
-            figsize=(5.2, 6.0),
-            sharex=True,
-            gridspec_kw={"height_ratios": [3, 1.2], "hspace": 0.08},
-        )
-    else:
-        fig = ax.figure
+def _num(x: float) -> str:
+    """4 decimals, or 3 significant digits for a small nonzero value (never '0.0000')."""
+    return f"{x:.4f}" if x == 0 or abs(x) >= 1e-3 else f"{x:.3g}"
+
+
+def _value_text(s: dict, metric: str, m: int) -> str:
+    if s["value"] is not None:
+        return f"{metric}(M={m}) = {_num(s['value'])}"
+    if s["bounds"] is not None:
+        return f"{metric}(M={m}) in [{_num(s['bounds'][0])}, {_num(s['bounds'][1])}]"
+    return ""
+
+
+def _reliability_panel(ax, axc, data: dict, s: dict) -> None:
+    """One run's reliability panel (and count strip `axc`, if any)."""
+    from matplotlib.ticker import LogLocator
+
     edges = data["edges"]
     width = np.diff(edges)
     centers = edges[:-1] + width / 2
-    kind = data["kind"]
-    ax.plot([0, 1], [0, 1], ls="--", color="0.5", lw=1, label="perfect calibration")
-    series = data["series"]
-    single = len(series) == 1
-    for i, s in enumerate(series):
-        color = COLORS[i % len(COLORS)]
-        freq, mean = s["frequency"], s["mean_prob"]
-        ok = np.isfinite(freq)
-        if single:
-            ax.bar(
-                centers[ok],
-                freq[ok],
-                width=width[ok] * 0.9,
-                color="0.55",
-                alpha=0.6,
-                edgecolor="white",
-                label="observed frequency",
-            )
-            over = ok & (s["over"] > 0)
-            under = ok & (s["under"] > 0)
-            ax.bar(
-                centers[over],
-                s["over"][over],
-                bottom=freq[over],
-                width=width[over] * 0.9,
-                color=OVER_COLOR,
-                alpha=0.45,
-                hatch="///",
-                edgecolor=OVER_COLOR,
-                lw=0.6,
-                label="overconfident: confidence above frequency",
-            )
-            ax.bar(
-                centers[under],
-                s["under"][under],
-                bottom=mean[under],
-                width=width[under] * 0.9,
-                color=UNDER_COLOR,
-                alpha=0.45,
-                hatch="\\\\\\",
-                edgecolor=UNDER_COLOR,
-                lw=0.6,
-                label="underconfident: frequency above confidence",
-            )
-            ax.scatter(mean[ok], freq[ok], s=10, color="black", zorder=3)
-        else:
-            ax.plot(mean[ok], freq[ok], marker="o", ms=4, color=color, label=s["label"])
-        if axc is not None:
-            axc.bar(
-                centers + (i - (len(series) - 1) / 2) * width * 0.8 / len(series),
-                s["count"],
-                width=width * 0.8 / len(series),
-                color=color,
-                alpha=0.8,
-            )
-    m = data["n_bins"]
-    s0 = series[0]
-    if single and s0["value"] is not None:
-        text = f"{data['metric']}(M={m}) = {s0['value']:.4f}"
-        ax.text(
-            0.04,
-            0.96,
-            text,
-            transform=ax.transAxes,
-            fontsize=9,
-            va="top",
-            bbox={"facecolor": "white", "edgecolor": "0.8"},
+    freq, mean = s["frequency"], s["mean_prob"]
+    ok = np.isfinite(freq)
+    ax.plot([0, 1], [0, 1], ls="--", color=REFERENCE_COLOR, lw=1)
+    ax.bar(centers[ok], freq[ok], width=width[ok] * 0.9, color=s["color"], alpha=0.35, lw=0)
+    over = ok & (s["over"] > 0)
+    under = ok & (s["under"] > 0)
+    gap = {"width": None, "fill": False, "lw": 0.8}
+    for sel, bottom, height, color, hatch in (
+        (over, freq, s["over"], OVER_COLOR, "////"),
+        (under, mean, s["under"], UNDER_COLOR, "\\\\\\\\"),
+    ):
+        gap["width"] = width[sel] * 0.9
+        ax.bar(
+            centers[sel],
+            height[sel],
+            bottom=bottom[sel],
+            edgecolor=color,
+            hatch=hatch,
+            **gap,
         )
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("observed frequency")
-    title = {"top1": "Top-1 reliability diagram", "full": "Full-distribution reliability diagram"}
-    ax.set_title(f"{title[kind]} (M = {m})")
-    ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.84), fontsize=7, frameon=False)
-    xlabel = "predicted probability" if kind == "full" else "top-1 confidence"
+    ax.scatter(mean[ok], freq[ok], s=14, color=s["color"], edgecolor="black", lw=0.5, zorder=3)
+    limit = s["limit"]
+    ax.set_xlim(0, limit)
+    ax.set_ylim(0, limit)
+    title = s["label"] + ("" if limit == 1.0 else f" (zoomed to [0, {limit:g}])")
+    value = _value_text(s, data["metric"], data["n_bins"])
+    if not s["determined"]:
+        value += " (not determined: M > M_exact)"
+    ax.set_title(f"{title}\n{value}", color=s["color"], fontsize=9)
+    inset = s["inset"]
+    if inset is not None:
+        ia = ax.inset_axes([0.14, 0.6, 0.32, 0.32])
+        x, y = inset["mean_prob"], inset["frequency"]
+        lo, hi = inset["axis"]["lim"]
+        ia.plot([lo, hi], [lo, hi], ls="--", color=REFERENCE_COLOR, lw=0.8)
+        ia.vlines(
+            x, min(x, max(y, lo)), max(x, y), color=OVER_COLOR if x > y else UNDER_COLOR, lw=2
+        )
+        ia.scatter([x], [max(y, lo)], s=14, color=s["color"], edgecolor="black", lw=0.5, zorder=3)
+        ia.set_xscale("log")
+        ia.set_yscale("log")
+        ia.set_xlim(lo, hi)
+        ia.set_ylim(lo, hi)
+        ia.tick_params(labelsize=6)
+        ia.minorticks_off()
+        ia.set_title("bin 1, log-log", fontsize=7)
     if axc is not None:
-        if kind == "full":
-            axc.set_yscale("log")  # bin 1 holds nearly every pair
-        axc.set_ylabel("pairs" if kind == "full" else "positions")
+        seen = s["count"] > 0
+        axc.bar(centers[seen], s["count"][seen], width=width[seen] * 0.9, color=s["color"])
+        axc.set_yscale("log")
+        if seen.any():  # whole decades: at least two labelled ticks
+            lo = 10.0 ** math.floor(math.log10(s["count"][seen].min()))
+            hi = 10.0 ** math.ceil(math.log10(s["count"][seen].max()))
+            axc.set_ylim(lo, max(hi, lo * 10))
+        axc.yaxis.set_major_locator(LogLocator(numticks=4))
+        axc.minorticks_off()  # fewer tick labels: each costs a text layout
+        axc.set_xlim(0, limit)
+
+
+def plot_reliability(data: dict, ax=None):
+    """Reliability diagrams from :func:`prepare_reliability`, one panel per
+    run: observed frequency per bin (bars in the run's colour, its points
+    marked), the gap of each bin hatched red where the model is overconfident
+    (mean > frequency) and blue where it is underconfident; zoom and bin-1
+    inset as the data say. Without `ax` (an Axes for one run, or one per
+    run) a count panel (log scale) is added below each. Returns the figure."""
+    plt = _plt()
+    from matplotlib.patches import Patch
+
+    series = data["series"]
+    kind = data["kind"]
+    xlabel = "predicted probability" if kind == "full" else "top-1 confidence"
+    title = {"top1": "Top-1 reliability diagram", "full": "Full-distribution reliability diagram"}
+    if ax is not None:
+        axes = [ax] if not isinstance(ax, (list, tuple, np.ndarray)) else list(ax)
+        fig = axes[0].figure
+        for a, s in zip(axes, series, strict=True):
+            _reliability_panel(a, None, data, s)
+            a.set_xlabel(xlabel)
+        return fig
+    n = len(series)
+    ncols = min(n, 3)
+    nrows = -(-n // ncols)
+    width, height = 4.2 * ncols, 5.4 * nrows + 1.3
+    fig = plt.figure(figsize=(width, height))
+    # fixed margins (inches): a layout engine would draw the figure once more
+    outer = fig.add_gridspec(
+        nrows,
+        ncols,
+        left=0.75 / width,
+        right=1 - 0.15 / width,
+        top=1 - 0.95 / height,
+        bottom=0.95 / height,
+        hspace=0.22,
+        wspace=0.28,
+    )
+    for i, s in enumerate(series):
+        r, c = divmod(i, ncols)
+        cell = outer[r, c].subgridspec(2, 1, height_ratios=[3, 1], hspace=0.06)
+        a = fig.add_subplot(cell[0])
+        axc = fig.add_subplot(cell[1], sharex=a)
+        _reliability_panel(a, axc, data, s)
+        a.tick_params(labelbottom=False)
         axc.set_xlabel(xlabel)
-    else:
-        ax.set_xlabel(xlabel)
+        if c == 0:
+            a.set_ylabel("observed frequency")
+            axc.set_ylabel("pairs" if kind == "full" else "positions")
+    handles = [
+        Patch(facecolor="0.6", alpha=0.5, label="observed frequency (run colour)"),
+        Patch(fill=False, edgecolor=OVER_COLOR, hatch="////", label="overconfident gap"),
+        Patch(fill=False, edgecolor=UNDER_COLOR, hatch="\\\\\\\\", label="underconfident gap"),
+    ]
+    from matplotlib.lines import Line2D
+
+    handles.append(Line2D([], [], ls="--", color=REFERENCE_COLOR, label="perfect calibration"))
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=4 if n > 1 else 2,
+        fontsize=8,
+        frameon=False,
+    )
+    fig.suptitle(f"{title[kind]} (M = {data['n_bins']})", y=1 - 0.1 / height, va="top")
     return fig
 
 
 def plot_smooth_reliability(data: dict, ax=None):
     """relplot's smooth reliability diagram (relplot.plot_rel_diagram) of
-    :func:`prepare_smooth_reliability` data. Returns the figure."""
+    :func:`prepare_smooth_reliability` data, in the run's colour."""
     import relplot
 
     plt = _plt()
@@ -367,26 +712,29 @@ def plot_smooth_reliability(data: dict, ax=None):
         fig, ax = plt.subplots(figsize=(5.0, 5.0))
     else:
         fig = ax.figure
-    relplot.plot_rel_diagram(data, fig=fig, ax=ax, use_default_style=False)
+    relplot.plot_rel_diagram(data, fig=fig, ax=ax, use_default_style=False, color=data["color"])
     ax.set_xlabel("top-1 confidence")
     ax.set_ylabel("accuracy (smoothed)")
+    who = f"{data['label']}: " if data.get("label") else ""
     ax.set_title(
-        f"Top-1 smooth reliability diagram (smECE = {data['ce']:.4f}, N = {data['positions']:,})",
+        f"{who}smooth reliability (smECE = {data['ce']:.4f}, N = {data['positions']:,})",
         fontsize=10,
+        color=data["color"],
     )
     return fig
 
 
 def plot_temperature_curve(data: dict, ax=None):
-    """NLL (left axis) and Full-ECE / ECE (right axis) against T (log scale),
-    the NLL-minimising T* marked. Returns the figure."""
+    """NLL (left axis, grey) and Full-ECE / ECE (right axis, the run's colour)
+    against T (log scale), the NLL-minimising T* marked. Returns the figure."""
     plt = _plt()
     if ax is None:
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
     else:
         fig = ax.figure
     t = data["temperature"]
-    ax.plot(t, data["nll"], color="black", marker="o", ms=3, label="NLL")
+    color = data["color"]
+    ax.plot(t, data["nll"], color=REFERENCE_COLOR, marker="o", ms=3, label="NLL")
     ax.set_xscale("log")
     lo2, hi2 = math.floor(math.log2(t.min())), math.ceil(math.log2(t.max()))
     ticks = [2.0**e for e in range(lo2, hi2 + 1) if t.min() <= 2.0**e <= t.max()]
@@ -396,14 +744,14 @@ def plot_temperature_curve(data: dict, ax=None):
     ax.set_ylabel("NLL (nats)")
     ax2 = ax.twinx()
     ax2.spines["right"].set_visible(True)
-    ax2.plot(t, data["full_ece"], color=OVER_COLOR, marker="s", ms=3, label="Full-ECE")
-    ax2.plot(t, data["ece"], color=UNDER_COLOR, marker="^", ms=3, ls=":", label="ECE")
+    ax2.plot(t, data["full_ece"], color=color, marker="s", ms=3, label="Full-ECE")
+    ax2.plot(t, data["ece"], color=color, marker="^", ms=3, ls=":", label="ECE")
     ax2.set_ylabel(f"calibration error (M = {data['M']})")
     ax2.set_ylim(bottom=0)
     ax.axvline(1.0, color="0.7", lw=0.8, ls="--")
     if data["best_temperature"] is not None:
         ts = data["best_temperature"]
-        ax.axvline(ts, color="#2ca02c", lw=1.2)
+        ax.axvline(ts, color=REFERENCE_COLOR, lw=1.2, ls="-.", label="T* (NLL minimum)")
         b = data["best"]
         ax.text(
             0.5,
@@ -411,7 +759,7 @@ def plot_temperature_curve(data: dict, ax=None):
             f"T* = {ts:.4f}:  NLL {b['nll']:.4f},  ECE {b['ece']:.4f},  Full-ECE {b['full_ece']:.4f}",
             transform=ax.transAxes,
             ha="center",
-            color="#2ca02c",
+            color=REFERENCE_COLOR,
             va="top",
             fontsize=8,
             bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8},
@@ -425,44 +773,60 @@ def plot_temperature_curve(data: dict, ax=None):
         frameon=False,
         loc="center right",
     )
-    ax.set_title("Temperature scaling: NLL and calibration error against T")
+    who = f" ({data['label']})" if data.get("label") else ""
+    ax.set_title(f"Temperature scaling{who}: NLL and calibration error against T", color=color)
     return fig
+
+
+def _intervals(a, x, lo, hi, color, axis: dict, band: bool) -> None:
+    """Proven intervals as I-bars (caps at lo and hi), over a band joining
+    neighbours; a lower end at or below a log axis' floor is drawn to the floor."""
+    floor = axis["lim"][0] if axis["scale"] == "log" else -np.inf
+    lo = np.maximum(lo, floor)
+    if band and x.size > 1:
+        a.fill_between(x, lo, hi, color=color, alpha=0.15, lw=0)
+    a.vlines(x, lo, hi, color=color, lw=2.5, alpha=0.8)
+    a.scatter(x, lo, marker="_", s=90, color=color, lw=1.5)
+    a.scatter(x, hi, marker="_", s=90, color=color, lw=1.5)
+
+
+def _points(a, x, y, color, axis: dict, *, line: bool) -> None:
+    """Determined values as filled markers (joined when `line`); those below a
+    log axis' floor drawn on it as ▼."""
+    low = below_floor(y, axis)
+    shown = np.where(low, axis["lim"][0], y)
+    if line:
+        a.plot(x, shown, color=color, lw=1.5, zorder=2)
+    a.scatter(x[~low], shown[~low], color=color, s=30, edgecolor="black", lw=0.4, zorder=3)
+    a.scatter(x[low], shown[low], color=color, marker="v", s=45, zorder=3, clip_on=False)
 
 
 def plot_metrics_vs_bins(data: dict, ax=None):
     """ECE, cw-ECE and Full-ECE against M (log scale), one panel each (`ax`:
-    a sequence of as many axes). A marker: a determined (exact) value; a
-    vertical bar over a shaded band: the proven interval where the tables do
-    not determine the value (M > M_exact, or cw-ECE of an import)."""
+    a sequence of as many axes), one colour per run. Filled markers: values
+    the data determine; I-bars over a shaded band: proven intervals where
+    they do not. Each panel's y axis as prepared (log where values span
+    more than LOG_SPAN)."""
     plt = _plt()
+    from matplotlib.lines import Line2D
+
     panels = data["metrics"]
     if ax is None:
-        fig, axes = plt.subplots(1, len(panels), figsize=(11.5, 3.6))
+        fig, axes = plt.subplots(1, len(panels), figsize=(11.5, 3.8))
     else:
         axes = list(ax)
         fig = axes[0].figure
     many = any(len(p["runs"]) > 1 for p in panels)
+    any_interval = False
     for a, panel in zip(axes, panels, strict=True):
         all_m = set()
-        for i, r in enumerate(panel["runs"]):
-            color = COLORS[i % len(COLORS)]
-            ms, vals = r["M"], r["value"]
+        for r in panel["runs"]:
+            ms, det, iv = r["M"], r["determined"], r["interval"]
             all_m.update(ms.tolist())
-            known = np.isfinite(vals)
-            a.plot(ms[known], vals[known], color=color, lw=1.5, label=r["label"])
-            a.scatter(ms[known], vals[known], color=color, s=22, zorder=3)
-            iv = np.isfinite(r["lo"]) & np.isfinite(r["hi"]) & ~known
+            _points(a, ms[det], r["value"][det], r["color"], panel["axis"], line=True)
             if iv.any():
-                a.fill_between(ms[iv], r["lo"][iv], r["hi"][iv], color=color, alpha=0.15, lw=0)
-                a.vlines(
-                    ms[iv],
-                    r["lo"][iv],
-                    r["hi"][iv],
-                    color=color,
-                    lw=3,
-                    alpha=0.6,
-                    label=f"{r['label']}: proven interval (not determined)",
-                )
+                any_interval = True
+                _intervals(a, ms[iv], r["lo"][iv], r["hi"][iv], r["color"], panel["axis"], True)
         rsd = data["rsd"][0] if data["rsd"] else None
         key = panel["key"]
         if rsd and not many and rsd.get(key) is not None and math.isfinite(rsd[key]):
@@ -479,45 +843,68 @@ def plot_metrics_vs_bins(data: dict, ax=None):
         ticks = sorted(all_m)
         a.set_xticks(ticks, [str(m) for m in ticks])
         a.minorticks_off()
+        _apply_axis(a, panel["axis"])
         a.set_xlabel("number of bins M")
-        a.set_title(panel["label"])
-        a.set_ylim(bottom=0)
+        scale = " (log y)" if panel["axis"]["scale"] == "log" else ""
+        a.set_title(panel["label"] + scale)
         a.grid(True, which="major", alpha=0.3)
     axes[0].set_ylabel("calibration error")
-    if many:
-        axes[-1].legend(fontsize=8, frameon=False)
+    handles = [
+        Line2D([], [], color=r["color"], lw=1.5, marker="o", ms=4.5, label=r["label"])
+        for r in panels[0]["runs"]
+    ]
+    handles.append(Line2D([], [], color="black", marker="o", ls="", label="determined (exact)"))
+    if any(below_floor(r["value"], p["axis"]).any() for p in panels for r in p["runs"]):
+        handles.append(
+            Line2D([], [], color="black", marker="v", ls="", label="below the log floor")
+        )
+    if any_interval:
+        handles.append(
+            Line2D(
+                [], [], color="black", marker="|", ms=12, mew=2.5, ls="", label="proven interval"
+            )
+        )
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        ncol=min(len(handles), 7),
+        fontsize=8,
+        frameon=False,
+        bbox_to_anchor=(0.5, -0.08),
+    )
     fig.suptitle("Calibration error against the number of bins", y=1.02)
     fig.tight_layout()
     return fig
 
 
-def plot_token_frequency(hists: list[tuple[str, dict]], ax=None):
-    """Share of the vocabulary by how often each entry occurs as a label;
-    `hists`: (label, :func:`prepare_frequency_histogram` data) per run."""
+def plot_token_frequency(data: dict, ax=None):
+    """Share of the vocabulary by how often each entry occurs as a label, one
+    bar group per series of :func:`prepare_token_frequency`."""
     plt = _plt()
     if ax is None:
         fig, ax = plt.subplots(figsize=(6.4, 3.8))
     else:
         fig = ax.figure
-    labels = max((h["labels"] for _, h in hists), key=len)
+    series = data["series"]
+    labels = data["buckets"]
     x = np.arange(len(labels))
-    w = 0.8 / len(hists)
-    for i, (name, h) in enumerate(hists):
+    w = 0.8 / len(series)
+    for i, s in enumerate(series):
         shares = np.zeros(len(labels))
-        shares[: len(h["shares"])] = h["shares"]
+        shares[: len(s["shares"])] = s["shares"]
         bars = ax.bar(
-            x + (i - (len(hists) - 1) / 2) * w,
+            x + (i - (len(series) - 1) / 2) * w,
             shares * 100,
             width=w,
-            color=COLORS[i % len(COLORS)],
-            label=name,
+            color=s["color"],
+            label=s["label"],
         )
-        if len(hists) == 1:
-            for b, s in zip(bars, shares, strict=True):
+        if len(series) == 1:
+            for b, share in zip(bars, shares, strict=True):
                 ax.text(
                     b.get_x() + b.get_width() / 2,
                     b.get_height(),
-                    f"{s * 100:.1f}%",
+                    f"{share * 100:.1f}%",
                     ha="center",
                     va="bottom",
                     fontsize=8,
@@ -525,28 +912,41 @@ def plot_token_frequency(hists: list[tuple[str, dict]], ax=None):
     ax.set_xticks(x, labels)
     ax.set_xlabel("occurrences as a label")
     ax.set_ylabel("share of the vocabulary (%)")
-    ax.set_title(f"Token frequency (K = {hists[0][1]['vocab_size']:,})")
-    if len(hists) > 1:
-        ax.legend(fontsize=8, frameon=False)
+    sizes = sorted({s["vocab_size"] for s in series})
+    ax.set_title("Token frequency (K = " + ", ".join(f"{k:,}" for k in sizes) + ")")
+    ax.legend(fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
     fig.tight_layout()
     return fig
 
 
 def plot_trend(trend: dict, ax=None):
-    """Metrics at M across runs (training checkpoints, say), in the order given."""
+    """Metrics at M across runs (training checkpoints, say), in the order
+    given: each run's point in its colour, intervals as I-bars, each panel's
+    y axis as prepared."""
     plt = _plt()
-    names = trend["names"]
+    panels = trend["panels"]
     if ax is None:
-        fig, axes = plt.subplots(1, len(names), figsize=(11.5, 3.6))
+        fig, axes = plt.subplots(1, len(panels), figsize=(11.5, 3.8))
     else:
         axes = list(ax)
         fig = axes[0].figure
-    x = np.arange(len(trend["labels"]))
-    for a, (key, name), color in zip(axes, names, COLORS, strict=False):
-        a.plot(x, trend[key], marker="o", color=color)
+    colors = np.asarray(trend["colors"])
+    for a, p in zip(axes, panels, strict=True):
+        x, det, iv = p["x"], p["determined"], p["interval"]
+        shown = np.maximum(p["value"][det], p["axis"]["lim"][0])
+        a.plot(x[det], shown, color="0.6", lw=1, zorder=1)
+        for i in np.flatnonzero(det):
+            _points(a, x[i : i + 1], p["value"][i : i + 1], colors[i], p["axis"], line=False)
+        for i in np.flatnonzero(iv):
+            _intervals(
+                a, x[i : i + 1], p["lo"][i : i + 1], p["hi"][i : i + 1], colors[i], p["axis"], False
+            )
         a.set_xticks(x, trend["labels"], rotation=30, ha="right")
-        a.set_title(f"{name} (M = {trend['M']})")
-        a.set_ylim(bottom=0)
+        for tick, color in zip(a.get_xticklabels(), colors, strict=True):
+            tick.set_color(color)
+        _apply_axis(a, p["axis"])
+        scale = ", log y" if p["axis"]["scale"] == "log" else ""
+        a.set_title(f"{p['label']} (M = {trend['M']}{scale})")
         a.grid(True, alpha=0.3)
     axes[0].set_ylabel("calibration error")
     fig.tight_layout()
@@ -614,7 +1014,7 @@ def _rsd_scope(rsd: dict, key: str) -> str:
 
 def _summary(runs: list[dict]) -> str:
     items = []
-    for run in runs:
+    for run, color in zip(runs, run_colors(len(runs)), strict=True):
         m = run["metrics"]
         rsd = m.get("rsd") or {}
         tf = m["token_frequency"]
@@ -625,7 +1025,8 @@ def _summary(runs: list[dict]) -> str:
             if rsd.get(m.key) is not None and math.isfinite(rsd[m.key])
         )
         items.append(
-            f"<li><b>{html.escape(run['label'])}</b>: N = {m['positions']:,} positions, "
+            f'<li><span style="color:{color}">&#9632;</span> '
+            f"<b>{html.escape(run['label'])}</b>: N = {m['positions']:,} positions, "
             f"K = {m['vocab_size']:,}, M_exact = {m['m_exact'] if m['m_exact'] is not None else 'all'}"
             f"; RSD across M: {rsd_txt or 'n/a'}; token frequency: {shares}</li>"
         )
@@ -737,6 +1138,75 @@ def claim_report_files(out_dir: Path, names: list[str], force: bool) -> dict:
     return record
 
 
+SMOOTH_CAPTION = (
+    "relplot's kernel-smoothed reliability curve of the top-1 confidences "
+    "(Błasiok & Nakkiran), in the run's colour; the title gives the smooth ECE."
+)
+TEMPERATURE_CAPTION = (
+    "NLL (grey, left axis), Full-ECE (solid) and ECE (dotted) in the run's colour (right "
+    "axis) of softmax(logits / T), recomputed from the stored logits; dash-dot: the "
+    "NLL-minimising T*."
+)
+
+
+def prepare_figures(runs: list[dict]) -> list[dict]:
+    """Every figure of the report, not drawn: title, file name, plot function
+    and its data (caption included), in page order."""
+    figures = [
+        (
+            "Top-1 reliability diagram",
+            "reliability_top1.png",
+            plot_reliability,
+            prepare_reliability(runs, "top1"),
+        ),
+        (
+            "Full-distribution reliability diagram",
+            "reliability_full.png",
+            plot_reliability,
+            prepare_reliability(runs, "full"),
+        ),
+        (
+            "Calibration error against M",
+            "metrics_vs_bins.png",
+            plot_metrics_vs_bins,
+            prepare_metrics_vs_bins(runs),
+        ),
+        (
+            "Token frequency",
+            "token_frequency.png",
+            plot_token_frequency,
+            prepare_token_frequency(runs),
+        ),
+    ]
+    for i, (run, color) in enumerate(zip(runs, run_colors(len(runs)), strict=True)):
+        suffix = "" if len(runs) == 1 else f"_{i}"
+        if run["top1"] is not None:
+            data = prepare_smooth_reliability(*run["top1"], label=run["label"], color=color)
+            data["caption"] = SMOOTH_CAPTION
+            figures.append(
+                (
+                    f"Smooth reliability diagram ({run['label']})",
+                    f"smooth_reliability{suffix}.png",
+                    plot_smooth_reliability,
+                    data,
+                )
+            )
+        if run["temperature"] is not None:
+            data = prepare_temperature_curve(run["temperature"], label=run["label"], color=color)
+            data["caption"] = TEMPERATURE_CAPTION
+            figures.append(
+                (
+                    f"Temperature scaling ({run['label']})",
+                    f"temperature{suffix}.png",
+                    plot_temperature_curve,
+                    data,
+                )
+            )
+    if len(runs) > 1:
+        figures.append(("Trend across runs", "trend.png", plot_trend, prepare_trend(runs)))
+    return [dict(zip(("title", "file", "plot", "data"), f, strict=True)) for f in figures]
+
+
 def write_report(run_dirs, out_dir, *, quiet: bool = False, force: bool = False) -> Path:
     """Figures (PNG) and report.html in `out_dir`; returns the HTML path.
 
@@ -754,79 +1224,9 @@ def write_report(run_dirs, out_dir, *, quiet: bool = False, force: bool = False)
     _write_record(out_dir, {**record, **dict.fromkeys(names)})
     runs = [prepare_run(d, quiet=quiet) for d in run_dirs]
     figures = [
-        (
-            "Top-1 reliability diagram",
-            save_figure(
-                plot_reliability(prepare_reliability(runs, "top1")),
-                out_dir / "reliability_top1.png",
-            ),
-            "Accuracy against top-1 confidence; red: overconfident gap, blue: underconfident "
-            "gap per bin. Below: positions per bin.",
-        ),
-        (
-            "Full-distribution reliability diagram",
-            save_figure(
-                plot_reliability(prepare_reliability(runs, "full")),
-                out_dir / "reliability_full.png",
-            ),
-            "Label frequency against predicted probability over every (position, class) pair; "
-            "red: overconfident bins, blue: underconfident bins.",
-        ),
-        (
-            "Calibration error against M",
-            save_figure(
-                plot_metrics_vs_bins(prepare_metrics_vs_bins(runs)),
-                out_dir / "metrics_vs_bins.png",
-            ),
-            "ECE, cw-ECE and Full-ECE for the paper's M set; markers are exact values, bars "
-            "over shaded bands are proven intervals where the data do not determine the value "
-            "(M > M_exact, or cw-ECE of an import); ECE is exact at every M.",
-        ),
-        (
-            "Token frequency",
-            save_figure(
-                plot_token_frequency(
-                    [(r["label"], prepare_frequency_histogram(r["label_counts"])) for r in runs]
-                ),
-                out_dir / "token_frequency.png",
-            ),
-            "Share of the vocabulary by the number of times each entry occurs as a label.",
-        ),
+        (f["title"], save_figure(f["plot"](f["data"]), out_dir / f["file"]), f["data"]["caption"])
+        for f in prepare_figures(runs)
     ]
-    for i, run in enumerate(runs):
-        suffix = "" if len(runs) == 1 else f"_{i}"
-        if run["top1"] is not None:
-            figures.append(
-                (
-                    f"Smooth reliability diagram ({run['label']})",
-                    save_figure(
-                        plot_smooth_reliability(prepare_smooth_reliability(*run["top1"])),
-                        out_dir / f"smooth_reliability{suffix}.png",
-                    ),
-                    "relplot's kernel-smoothed reliability curve of the top-1 confidences "
-                    "(Błasiok & Nakkiran); the title gives the smooth ECE.",
-                )
-            )
-        if run["temperature"] is not None:
-            figures.append(
-                (
-                    f"Temperature scaling ({run['label']})",
-                    save_figure(
-                        plot_temperature_curve(prepare_temperature_curve(run["temperature"])),
-                        out_dir / f"temperature{suffix}.png",
-                    ),
-                    "NLL, ECE and Full-ECE of softmax(logits / T), recomputed from the stored "
-                    "logits; green: the NLL-minimising T*.",
-                )
-            )
-    if len(runs) > 1:
-        figures.append(
-            (
-                "Trend across runs",
-                save_figure(plot_trend(prepare_trend(runs)), out_dir / "trend.png"),
-                "Metrics at M = 10 for each run, in the order given.",
-            )
-        )
     from pipeline.store import atomic
 
     summary = [
