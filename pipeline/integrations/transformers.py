@@ -10,7 +10,7 @@
         preprocess_logits_for_metrics=tracker.preprocess_logits_for_metrics,
         compute_metrics=tracker.compute_metrics,
     )
-    trainer.train()    # each evaluation logs eval_full_ece@10, eval_ece@10, ...
+    trainer.train()    # each evaluation logs eval_full_ece_m10, eval_ece_m10, ...
 
 How it uses the Trainer's hooks (checked against transformers 5.x,
 ``Trainer.evaluation_loop``): ``preprocess_logits_for_metrics(logits, labels)``
@@ -38,6 +38,7 @@ is a multiple of (processes x per-device batch size) for exact values there.
 from __future__ import annotations
 
 from pipeline import PAPER_BINS
+from pipeline.integrations.names import metric_key
 from pipeline.torchmetrics import TokenCalibrationError
 
 __all__ = ["CalibrationTracker"]
@@ -56,7 +57,9 @@ class CalibrationTracker:
         **metric_kwargs: passed to the metric (``process_group``, ...).
 
     ``tracker.metric`` is the underlying metric; ``tracker.last`` holds the
-    values of the latest evaluation (without the Trainer's ``eval_`` prefix).
+    values of the latest evaluation (without the Trainer's ``eval_`` prefix),
+    keyed ``full_ece_m10``, ``ece_m10``, ... (:func:`~pipeline.integrations.names.metric_key`;
+    ``metric="full_ece"`` with one M keeps that one key).
     """
 
     def __init__(
@@ -101,7 +104,10 @@ class CalibrationTracker:
         if not compute_result:  # batch_eval_metrics: not the last batch yet
             return {}
         try:
-            values = {key: float(value) for key, value in self.metric.compute().items()}
+            computed = self.metric.compute()
+            if self.metric.metric_name:  # the single-value form: one tensor
+                computed = {metric_key(self.metric.metric_name, self.metric.n_bins[0]): computed}
+            values = {key: float(value) for key, value in computed.items()}
         finally:
             self.metric.reset()
         self.last = values
