@@ -51,7 +51,8 @@ class CalibrationTracker:
         vocab_size: K, the width of the model's logits
             (``model.config.vocab_size``, not the tokenizer's length).
         n_bins, classwise, ignore_index: as for
-            :class:`~pipeline.torchmetrics.TokenCalibrationError`.
+            :class:`~pipeline.torchmetrics.TokenCalibrationError` (and its
+            ``metric=``, among ``metric_kwargs``).
         shift_labels: score logits at t against labels at t + 1 (causal LM);
             False when the labels are already aligned with the logits.
         **metric_kwargs: passed to the metric (``process_group``, ...).
@@ -66,7 +67,7 @@ class CalibrationTracker:
         self,
         vocab_size: int,
         n_bins=PAPER_BINS,
-        classwise: bool = False,
+        classwise: bool | None = None,
         ignore_index: int = -100,
         shift_labels: bool = True,
         **metric_kwargs,
