@@ -167,12 +167,13 @@ class TokenCalibrationError(Metric):
             s = sum(n_bins)
             k = self.vocab_size
             for name, dtype in (("class_hits", torch.int64), ("class_p_sum", torch.float64)):
-                self.add_state(name, zeros(k, s, dtype=dtype), dist_reduce_fx="sum")
-                # torchmetrics keeps a copy of each state's default to reset to
-                # (Metric._defaults): here one zero expanded to [K, S], not a
-                # second [K, S] tensor (453 MB at K = 32,000); reset() clones it
-                # into a dense zero state as before
-                self._defaults[name] = torch.zeros((), dtype=dtype).expand(k, s)
+                # torchmetrics keeps a deep copy of each state's default to reset
+                # to (Metric._defaults): registered as one zero, that default is
+                # one zero expanded to [K, S], not a second [K, S] tensor (453 MB
+                # at K = 32,000), and reset() clones it into a dense zero state
+                self.add_state(name, zeros((), dtype=dtype), dist_reduce_fx="sum")
+                self._defaults[name] = self._defaults[name].expand(k, s)
+                setattr(self, name, zeros(k, s, dtype=dtype))
 
     def _apply(self, fn, *args, **kwargs):
         """.to(device) and set_dtype(): the expanded defaults move as one zero
