@@ -95,8 +95,11 @@ class TokenCalibrationError(Metric):
     With ``classwise=True`` two more states hold per class and per bin of
     every M (S = sum of n_bins, 885 for the paper's M): ``class_hits``
     (int64) and ``class_p_sum`` (float64), ``[K, S]``, i.e. 16 K S bytes:
-    453 MB at K = 32000, 712 MB at K = 50257, per process; while N processes
-    synchronise in ``compute()``, torchmetrics gathers N copies of it.
+    453 MB at K = 32000, 712 MB at K = 50257, per process, held once (the
+    default torchmetrics resets to is one zero, expanded); ``forward()`` holds
+    about 2.7 times it for a moment, ``update()`` does not (measured figures:
+    docs/scale.md); while N processes synchronise in ``compute()``,
+    torchmetrics gathers N copies of it.
 
     Per update the extra device memory is bounded by blocks of
     ``2**25 / K`` rows (a few [rows, K] float32 temporaries and one float64
