@@ -14,7 +14,7 @@ pytest.importorskip("accelerate")
 pytest.importorskip("torchmetrics")
 
 from pipeline.core.probability import probs_of_record  # noqa: E402
-from pipeline.metrics import full_ece  # noqa: E402
+from pipeline.metrics import ece, full_ece  # noqa: E402
 from tests.helpers.extract_models import build_gpt2, synthetic_texts  # noqa: E402
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "scale.md"
@@ -95,9 +95,12 @@ def test_lightning_snippet(tiny):
     (logged,) = trainer.validate(module, dataloaders=batches, verbose=False)
     logits, labels = _all_positions(tiny)
     probs = probs_of_record(logits)
-    for m in (10, 100):
+    assert set(logged) == {"val/full_ece_m10"} | {
+        f"val/{name}_m{m}" for name in ("ece", "full_ece") for m in (5, 100)
+    }
+    for m in (5, 10, 100):  # 10 from the single-value form, 5 and 100 from the dict
         assert logged[f"val/full_ece_m{m}"] == pytest.approx(full_ece(probs, labels, m), abs=1e-6)
-    assert logged["val/full_ece_m10"] == pytest.approx(full_ece(probs, labels, 10), abs=1e-6)
+    assert logged["val/ece_m5"] == pytest.approx(ece(probs, labels, 5), abs=1e-6)
 
 
 @pytest.mark.slow
