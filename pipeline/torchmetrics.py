@@ -8,7 +8,11 @@ leave it and no dump is needed::
     for batch in loader:
         logits = model(batch["input_ids"]).logits
         metric.update(logits[:, :-1], batch["input_ids"][:, 1:])
-    values = metric.compute()   # {"ece@5": tensor(...), "full_ece@5": ..., ...}
+    values = metric.compute()   # {"ece_m5": tensor(...), "full_ece_m5": ..., ...}
+
+With ``metric="full_ece"`` and one M (``n_bins=10``) ``compute()`` returns that
+one value as a tensor, the form Lightning's ``self.log(name, metric)`` takes
+(docs/scale.md). Names: :func:`pipeline.integrations.names.metric_key`.
 
 Under torch.distributed (DDP, torchrun) ``compute()`` sums the states of all
 processes (torchmetrics' own synchronisation): every process gets the values
@@ -33,6 +37,7 @@ from pipeline.core.binning import bin1_threshold, check_n_bins, coarsen_bins, fi
 from pipeline.core.checks import InputError
 from pipeline.core.metrics import classwise_ece_formula, ece_formula, full_ece_formula
 from pipeline.core.probability import probs_of_record
+from pipeline.integrations.names import METRICS, metric_key
 
 __all__ = ["TokenCalibrationError", "fine_grid_for"]
 
@@ -62,9 +67,13 @@ class TokenCalibrationError(Metric):
 
     Args:
         vocab_size: K, the width of the logits (the model's output size).
-        n_bins: the M values to report; each becomes ``ece@M``, ``full_ece@M``
-            (and ``cw_ece@M``) in :meth:`compute`.
-        classwise: also keep per-class state for cw-ECE.
+        n_bins: the M values to report; each becomes ``ece_mM``, ``full_ece_mM``
+            (and ``cw_ece_mM``) in :meth:`compute` (:func:`metric_key`).
+        classwise: also keep per-class state for cw-ECE (default: only for
+            ``metric="cw_ece"``).
+        metric: ``"ece"``, ``"full_ece"`` or ``"cw_ece"`` with a single M:
+            :meth:`compute` then returns that one value as a scalar tensor
+            (Lightning's ``self.log(name, metric)``), not a dict.
         ignore_index: label value of positions to skip (padding, prompts).
         **kwargs: passed to :class:`torchmetrics.Metric` (``sync_on_compute``,
             ``process_group``, ...).
@@ -86,8 +95,11 @@ class TokenCalibrationError(Metric):
     With ``classwise=True`` two more states hold per class and per bin of
     every M (S = sum of n_bins, 885 for the paper's M): ``class_hits``
     (int64) and ``class_p_sum`` (float64), ``[K, S]``, i.e. 16 K S bytes:
-    453 MB at K = 32000, 712 MB at K = 50257, per process; while N processes
-    synchronise in ``compute()``, torchmetrics gathers N copies of it.
+    453 MB at K = 32000, 712 MB at K = 50257, per process, held once (the
+    default torchmetrics resets to is one zero, expanded); ``forward()`` holds
+    about 2.7 times it for a moment, ``update()`` does not (measured figures:
+    docs/scale.md); while N processes synchronise in ``compute()``,
+    torchmetrics gathers N copies of it.
 
     Per update the extra device memory is bounded by blocks of
     ``2**25 / K`` rows (a few [rows, K] float32 temporaries and one float64
@@ -102,8 +114,9 @@ class TokenCalibrationError(Metric):
         self,
         vocab_size: int,
         n_bins=PAPER_BINS,
-        classwise: bool = False,
+        classwise: bool | None = None,
         ignore_index: int | None = -100,
+        metric: str | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -116,8 +129,21 @@ class TokenCalibrationError(Metric):
         n_bins = tuple(dict.fromkeys(check_n_bins(m) for m in n_bins))
         if not n_bins:
             raise ValueError("n_bins must name at least one M")
+        if metric is not None:
+            if metric not in METRICS:
+                raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+            if len(n_bins) != 1:
+                raise ValueError(
+                    f"metric={metric!r} computes one value: give one M (n_bins=10, say), "
+                    f"got n_bins={n_bins}"
+                )
+            if metric == "cw_ece" and classwise is False:
+                raise ValueError('metric="cw_ece" needs the per-class state: drop classwise=False')
+        if classwise is None:
+            classwise = metric == "cw_ece"
         self.vocab_size = int(vocab_size)
         self.n_bins = n_bins
+        self.metric_name = metric
         self.classwise = bool(classwise)
         self.ignore_index = ignore_index
         self.fine_bins = fine_grid_for(n_bins)
@@ -143,8 +169,30 @@ class TokenCalibrationError(Metric):
         if self.classwise:
             s = sum(n_bins)
             k = self.vocab_size
-            self.add_state("class_hits", zeros(k, s, dtype=torch.int64), dist_reduce_fx="sum")
-            self.add_state("class_p_sum", zeros(k, s, dtype=torch.float64), dist_reduce_fx="sum")
+            for name, dtype in (("class_hits", torch.int64), ("class_p_sum", torch.float64)):
+                # torchmetrics keeps a deep copy of each state's default to reset
+                # to (Metric._defaults): registered as one zero, that default is
+                # one zero expanded to [K, S], not a second [K, S] tensor (453 MB
+                # at K = 32,000), and reset() clones it into a dense zero state
+                self.add_state(name, zeros((), dtype=dtype), dist_reduce_fx="sum")
+                self._defaults[name] = self._defaults[name].expand(k, s)
+                setattr(self, name, zeros(k, s, dtype=dtype))
+
+    def _apply(self, fn, *args, **kwargs):
+        """.to(device) and set_dtype(): the expanded defaults move as one zero
+        (applying `fn` to the expanded view would make it dense)."""
+        expanded = {
+            name: default.shape
+            for name, default in self._defaults.items()
+            if default.ndim and 0 in default.stride()
+        }
+        for name in expanded:
+            self._defaults[name] = self._defaults[name].reshape(-1)[0]
+        try:
+            return super()._apply(fn, *args, **kwargs)
+        finally:
+            for name, shape in expanded.items():
+                self._defaults[name] = self._defaults[name].expand(shape)
 
     # ------------------------------------------------------------------ update
 
@@ -244,9 +292,10 @@ class TokenCalibrationError(Metric):
 
     # ----------------------------------------------------------------- compute
 
-    def compute(self) -> dict[str, torch.Tensor]:
-        """``{"ece@M": ..., "full_ece@M": ..., "cw_ece@M": ...}`` for each M:
-        float64 scalar tensors on the metric's device, ready for ``log_dict``."""
+    def compute(self) -> dict[str, torch.Tensor] | torch.Tensor:
+        """``{"ece_mM": ..., "full_ece_mM": ..., "cw_ece_mM": ...}`` for each M:
+        float64 scalar tensors on the metric's device, ready for ``log_dict``;
+        with ``metric=`` given, that one value's tensor."""
         positions = int(self.positions)
         if positions == 0:
             raise ValueError(
@@ -269,21 +318,27 @@ class TokenCalibrationError(Metric):
             def by_bin(values, m=m, coarse=coarse):
                 return np.bincount(coarse, weights=values.astype(np.float64), minlength=m)
 
-            values = {
-                f"ece@{m}": ece_formula(
+            wanted = (self.metric_name,) if self.metric_name else METRICS
+            values = {}
+            if "ece" in wanted:
+                values["ece"] = ece_formula(
                     by_bin(state["top1_correct"]), by_bin(state["top1_conf_sum"]), positions
-                ),
-                f"full_ece@{m}": full_ece_formula(
+                )
+            if "full_ece" in wanted:
+                values["full_ece"] = full_ece_formula(
                     by_bin(state["pooled_hits"]), by_bin(state["pooled_p_sum"]), positions
-                ),
-            }
-            if self.classwise:
-                values[f"cw_ece@{m}"] = classwise_ece_formula(
+                )
+            if self.classwise and "cw_ece" in wanted:
+                values["cw_ece"] = classwise_ece_formula(
                     class_hits[:, offset : offset + m],
                     class_p_sum[:, offset : offset + m],
                     positions,
                     self.vocab_size,
                 )
-            for key, value in values.items():
-                out[key] = torch.tensor(float(value), dtype=torch.float64, device=self.device)
+            for name, value in values.items():
+                out[metric_key(name, m)] = torch.tensor(
+                    float(value), dtype=torch.float64, device=self.device
+                )
+        if self.metric_name:
+            return out[metric_key(self.metric_name, self.n_bins[0])]
         return out

@@ -21,6 +21,7 @@ pytest.importorskip("torchmetrics")
 from pipeline import PAPER_BINS  # noqa: E402
 from pipeline.core.checks import InputError  # noqa: E402
 from pipeline.core.probability import probs_of_record  # noqa: E402
+from pipeline.integrations.names import metric_key  # noqa: E402
 from pipeline.metrics import calibration_errors  # noqa: E402
 from pipeline.torchmetrics import TokenCalibrationError, fine_grid_for  # noqa: E402
 from tests.reference import exact_bins, reference_metrics  # noqa: E402
@@ -44,14 +45,14 @@ def _assert_matches(values, probs, labels, n_bins, *, classwise, reference=True)
         ref = reference_metrics(probs.numpy(), labels.numpy(), m) if reference else None
         names = ("ece", "full_ece") + (("cw_ece",) if classwise else ())
         for name in names:
-            got = values[f"{name}@{m}"]
+            got = values[metric_key(name, m)]
             assert got.dtype == torch.float64 and got.ndim == 0
             assert float(got) == pytest.approx(api[name], abs=1e-12), (name, m)
             if ref is not None:
                 assert float(got) == pytest.approx(ref[name], abs=1e-12), (name, m)
-    expected_keys = {f"{name}@{m}" for m in n_bins for name in ("ece", "full_ece")}
+    expected_keys = {metric_key(name, m) for m in n_bins for name in ("ece", "full_ece")}
     if classwise:
-        expected_keys |= {f"cw_ece@{m}" for m in n_bins}
+        expected_keys |= {metric_key("cw_ece", m) for m in n_bins}
     assert set(values) == expected_keys
 
 
@@ -178,7 +179,7 @@ def test_state_is_small_and_sums_to_the_invariants():
     assert int(metric.pooled_hits.sum()) == 50  # one label per position
     assert int(metric.top1_n.sum()) == 50
     assert float(metric.pooled_p_sum.sum()) == pytest.approx(50.0, abs=1e-5)
-    assert "cw_ece@10" not in metric.compute()
+    assert "cw_ece_m10" not in metric.compute()
 
 
 def test_ignore_index_and_reset():

@@ -37,9 +37,9 @@ def test_hooks_shift_labels_and_return_something_tiny():
     keep = y != -100
     for m in (5, 10):
         expected = calibration_errors(probs[keep], y[keep], m)
-        assert values[f"full_ece@{m}"] == pytest.approx(expected["full_ece"], abs=1e-12)
-        assert values[f"ece@{m}"] == pytest.approx(expected["ece"], abs=1e-12)
-        assert values[f"cw_ece@{m}"] == pytest.approx(expected["cw_ece"], abs=1e-12)
+        assert values[f"full_ece_m{m}"] == pytest.approx(expected["full_ece"], abs=1e-12)
+        assert values[f"ece_m{m}"] == pytest.approx(expected["ece"], abs=1e-12)
+        assert values[f"cw_ece_m{m}"] == pytest.approx(expected["cw_ece"], abs=1e-12)
     assert tracker.last == values
     assert int(tracker.metric.positions) == 0  # reset for the next evaluation
     with pytest.raises(ValueError, match="needs labels"):
@@ -112,11 +112,11 @@ def test_trainer_logs_the_values_of_extract_and_metrics(tmp_path, batch_eval_met
         compute_metrics=tracker.compute_metrics,
     )
     trainer.train()
-    evals = [e for e in trainer.state.log_history if "eval_full_ece@10" in e]
+    evals = [e for e in trainer.state.log_history if "eval_full_ece_m10" in e]
     assert [e["step"] for e in evals] == [2, 4]
     for e in evals:
-        assert {f"eval_{n}@{m}" for n in ("ece", "full_ece") for m in PAPER_BINS} <= set(e)
-    assert evals[0]["eval_full_ece@10"] != evals[1]["eval_full_ece@10"]  # training moved it
+        assert {f"eval_{n}_m{m}" for n in ("ece", "full_ece") for m in PAPER_BINS} <= set(e)
+    assert evals[0]["eval_full_ece_m10"] != evals[1]["eval_full_ece_m10"]  # training moved it
 
     checkpoint = tmp_path / "ckpt"
     trainer.save_model(str(checkpoint))
@@ -150,8 +150,8 @@ def test_trainer_logs_the_values_of_extract_and_metrics(tmp_path, batch_eval_met
     for row in report["bins"]:
         assert row["exact"], row
         m = row["M"]
-        assert last[f"eval_full_ece@{m}"] == pytest.approx(row["full_ece"], abs=1e-6), m
-        assert last[f"eval_ece@{m}"] == pytest.approx(row["ece"], abs=1e-6), m
+        assert last[f"eval_full_ece_m{m}"] == pytest.approx(row["full_ece"], abs=1e-6), m
+        assert last[f"eval_ece_m{m}"] == pytest.approx(row["ece"], abs=1e-6), m
 
 
 _DDP_EVALUATE = r"""
@@ -259,7 +259,7 @@ def test_two_process_evaluation_under_torchrun(tmp_path):
     for r in ranks:
         for m in (5, 10, 20):
             expected = calibration_errors(probs, labels, m)
-            assert r["metrics"][f"eval_full_ece@{m}"] == pytest.approx(
+            assert r["metrics"][f"eval_full_ece_m{m}"] == pytest.approx(
                 expected["full_ece"], abs=1e-6
             )
-            assert r["metrics"][f"eval_ece@{m}"] == pytest.approx(expected["ece"], abs=1e-6)
+            assert r["metrics"][f"eval_ece_m{m}"] == pytest.approx(expected["ece"], abs=1e-6)

@@ -35,14 +35,17 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _requirement(spec: str) -> str | None:
-    """The distribution a requirement names, when its marker holds here and names no extra."""
+def _requirement(spec: str, extra: str = "") -> tuple[str, tuple[str, ...]] | None:
+    """(distribution, its extras asked for) of a requirement, when its marker holds
+    here for `extra` ("" for the base requirements of a distribution)."""
     from packaging.requirements import Requirement
 
     req = Requirement(spec)
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+    if req.marker is not None and not req.marker.evaluate({"extra": extra}):
         return None
-    return canonical(req.name)
+    if extra and (req.marker is None or "extra" not in str(req.marker)):
+        return None  # a base requirement, taken with the base
+    return canonical(req.name), tuple(sorted(req.extras))
 
 
 def closure(project_requirements: list[str]) -> dict[str, str]:
@@ -50,16 +53,23 @@ def closure(project_requirements: list[str]) -> dict[str, str]:
     installed = {canonical(d.metadata["Name"]): d for d in md.distributions()}
     todo = [_requirement(s) for s in project_requirements]
     out: dict[str, str] = {}
+    seen: set[tuple[str, str]] = set()  # (distribution, extra or "") already expanded
     while todo:
-        name = todo.pop()
-        if name is None or name in out:
+        item = todo.pop()
+        if item is None:
             continue
+        name, extras = item
         dist = installed.get(name)
         if dist is None:
             raise SystemExit(f"lock: {name} is required but not installed here")
         out[name] = dist.version
-        for spec in dist.requires or []:
-            todo.append(_requirement(spec))
+        # an extra asked for (fsspec[http], say) brings its own requirements
+        for extra in ("", *extras):
+            if (name, extra) in seen:
+                continue
+            seen.add((name, extra))
+            for spec in dist.requires or []:
+                todo.append(_requirement(spec, extra))
     return out
 
 

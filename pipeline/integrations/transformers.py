@@ -10,7 +10,7 @@
         preprocess_logits_for_metrics=tracker.preprocess_logits_for_metrics,
         compute_metrics=tracker.compute_metrics,
     )
-    trainer.train()    # each evaluation logs eval_full_ece@10, eval_ece@10, ...
+    trainer.train()    # each evaluation logs eval_full_ece_m10, eval_ece_m10, ...
 
 How it uses the Trainer's hooks (checked against transformers 5.x,
 ``Trainer.evaluation_loop``): ``preprocess_logits_for_metrics(logits, labels)``
@@ -38,6 +38,7 @@ is a multiple of (processes x per-device batch size) for exact values there.
 from __future__ import annotations
 
 from pipeline import PAPER_BINS
+from pipeline.integrations.names import metric_key
 from pipeline.torchmetrics import TokenCalibrationError
 
 __all__ = ["CalibrationTracker"]
@@ -50,20 +51,23 @@ class CalibrationTracker:
         vocab_size: K, the width of the model's logits
             (``model.config.vocab_size``, not the tokenizer's length).
         n_bins, classwise, ignore_index: as for
-            :class:`~pipeline.torchmetrics.TokenCalibrationError`.
+            :class:`~pipeline.torchmetrics.TokenCalibrationError` (and its
+            ``metric=``, among ``metric_kwargs``).
         shift_labels: score logits at t against labels at t + 1 (causal LM);
             False when the labels are already aligned with the logits.
         **metric_kwargs: passed to the metric (``process_group``, ...).
 
     ``tracker.metric`` is the underlying metric; ``tracker.last`` holds the
-    values of the latest evaluation (without the Trainer's ``eval_`` prefix).
+    values of the latest evaluation (without the Trainer's ``eval_`` prefix),
+    keyed ``full_ece_m10``, ``ece_m10``, ... (:func:`~pipeline.integrations.names.metric_key`;
+    ``metric="full_ece"`` with one M keeps that one key).
     """
 
     def __init__(
         self,
         vocab_size: int,
         n_bins=PAPER_BINS,
-        classwise: bool = False,
+        classwise: bool | None = None,
         ignore_index: int = -100,
         shift_labels: bool = True,
         **metric_kwargs,
@@ -101,7 +105,10 @@ class CalibrationTracker:
         if not compute_result:  # batch_eval_metrics: not the last batch yet
             return {}
         try:
-            values = {key: float(value) for key, value in self.metric.compute().items()}
+            computed = self.metric.compute()
+            if self.metric.metric_name:  # the single-value form: one tensor
+                computed = {metric_key(self.metric.metric_name, self.metric.n_bins[0]): computed}
+            values = {key: float(value) for key, value in computed.items()}
         finally:
             self.metric.reset()
         self.last = values
