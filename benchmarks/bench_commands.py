@@ -208,6 +208,7 @@ def main(argv=None) -> int:
         "--real", type=Path, action="append", default=[], help="a real run to time too (copied)"
     )
     ap.add_argument("--only-real", action="store_true", help="skip the synthetic runs' commands")
+    ap.add_argument("--no-report", action="store_true", help="skip `report` (the slowest)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rounds = args.rounds or (2 if args.quick else 5)
@@ -235,6 +236,8 @@ def main(argv=None) -> int:
         chosen = cases(small, large, data, real)
         if args.only_real:
             chosen = [c for c in chosen if c["run"] in real.values()]
+        if args.no_report:
+            chosen = [c for c in chosen if not c["name"].startswith("report")]
         results = measure(chosen, rounds)
     finally:
         if args.data is None:
