@@ -60,9 +60,17 @@ def run_stamp(d: Path) -> str | None:
     return stamp_name("verified-run", [], run_files(open_run(d)))
 
 
+def tables_stamp(d: Path) -> str | None:
+    from pipeline.aggregate.checks import _agreement_stamp
+
+    return _agreement_stamp([open_run(d)], d / "tables", None)
+
+
 def assert_stamped(d: Path) -> None:
-    """The positive control: the run's stamp was written and matches its files."""
+    """The positive control: both stamps (the run's files verified, its tables
+    in agreement with them) were written and match the files."""
     assert is_stamped(run_stamp(d))
+    assert is_stamped(tables_stamp(d))
 
 
 def assert_checksum_refused(d: Path, name: str) -> None:
@@ -97,6 +105,7 @@ def test_bytes_rewritten_same_size_and_mtime(cache_env):
     path = d / "shards" / "positions-00001.parquet"
     flip_bit_keeping_stat(path, "label_prob")
     assert not is_stamped(run_stamp(d))
+    assert not is_stamped(tables_stamp(d))
     assert_checksum_refused(d, path.name)
 
 
