@@ -160,6 +160,9 @@ def test_one_hot_and_uniform_rows():
         "cw_ece": 0.0,
         "full_ece": 0.0,
         "exact": True,
+        **dict.fromkeys(("ece_l2", "ece_l2_debiased", "full_ece_l2", "full_ece_l2_debiased"), 0.0),
+        "ece_over": 0.0,
+        "ece_under": 0.0,
     }
 
 

@@ -223,7 +223,7 @@ def test_scores_json_is_the_positions_scan(run_dir):
     kept = _scores_path(read_tables_meta(out))
     assert not (Path(out) / "scores.json").exists()  # never the run's word: the user's cache
     stored = json.loads(kept.read_text())
-    scan = scan_run(run).sums()
+    scan = scan_run(run, fine_bins=read_tables_meta(out)["fine_bins"]).sums()
     for key, value in scan.items():
         assert stored[key] == value  # the same sums, to the bit
     got = metrics_for_run(run, (5, 10), quiet=True)

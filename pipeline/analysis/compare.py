@@ -7,12 +7,17 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.analysis.metrics import (
+    FLOOR_LEGEND,
     METRIC_NAMES,
     METRICS_JSON_VERSION,
+    _run_sums,
     _tail_bounds,
+    add_floors,
     clean_row,
+    floor_keys,
     fmt,
-    value_text,
+    mass_sq_of,
+    with_floor,
 )
 from pipeline.store.manifest import RunError
 from pipeline.store.run import is_run, run_label
@@ -36,7 +41,10 @@ def compare_runs(run_dirs, n_bins: int = 10, *, quiet: bool = False, partial: bo
         if tables.fine_bins % n_bins:
             raise RunError(f"M={n_bins} must divide the fine grid F={tables.fine_bins}")
         # intervals where the tables do not determine a value (imports, M > M_exact)
-        m = determined_row(tables, n_bins, _tail_bounds(tables_dir, tables))
+        tail_bounds = _tail_bounds(tables_dir, tables)
+        m = determined_row(tables, n_bins, tail_bounds)
+        sums = _run_sums(run_dir, tables_dir, quiet)
+        floor_notes = add_floors([m], tables, mass_sq_of(sums), tail_bounds is None)
         rows.append(
             {
                 "label": run_label(run_dir) if is_run(run_dir) else run_dir.name,
@@ -47,6 +55,8 @@ def compare_runs(run_dirs, n_bins: int = 10, *, quiet: bool = False, partial: bo
                 "complete": bool(cover["complete"]),
                 "coverage": None if cover["complete"] else describe_coverage(cover),
                 **clean_row(m),
+                **floor_keys(m),
+                "floor_notes": floor_notes[1:],
             }
         )
     return {"schema_version": METRICS_JSON_VERSION, "M": n_bins, "runs": rows, "trend": trend(rows)}
@@ -104,16 +114,21 @@ def format_compare(result: dict) -> str:
     lines = [
         f"metrics at M = {result['M']}",
         "",
-        f"{'run':<{w}}  {'N':>10}  {'ECE':>10}  {'cw-ECE':>24}  {'Full-ECE':>24}  exact",
+        f"{'run':<{w}}  {'N':>10}  {'ECE (floor)':>23}  {'cw-ECE (floor)':>35}  "
+        f"{'Full-ECE (floor)':>35}  exact",
     ]
     for r in rows:
         lines.append(
-            f"{r['label']:<{w}}  {r['positions']:>10,}  {fmt(r['ece']):>10}  "
-            f"{value_text(r, 'cw_ece'):>24}  {value_text(r, 'full_ece'):>24}  "
+            f"{r['label']:<{w}}  {r['positions']:>10,}  {with_floor(r, 'ece'):>23}  "
+            f"{with_floor(r, 'cw_ece'):>35}  {with_floor(r, 'full_ece'):>35}  "
             f"{'yes' if r['exact'] else 'NO'}"
         )
+        for note in r.get("floor_notes") or []:
+            lines.append(f"{'':<{w}}  {note}")
         if r.get("complete") is False:
             lines.append(f"{'':<{w}}  PARTIAL RUN: {r['coverage']}")
+    if any(r.get(f"{k}_floor") is not None for r in rows for k, _ in METRIC_NAMES):
+        lines.append(FLOOR_LEGEND)
     if len(rows) >= 2:
         lines.append("")
         lines.append("trend (first -> last run):")

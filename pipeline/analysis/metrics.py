@@ -13,6 +13,8 @@ import math
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from pipeline import MAX_BINS, PAPER_BINS
 from pipeline.core.registry import BIN_METRICS, PAPER_METRICS, RUN_METRICS
 from pipeline.store.manifest import RunError
@@ -129,6 +131,7 @@ def metrics_for_run(
         if any(not r.get("cw_ece_bounds_exact", True) for r in ordered):
             notes.append("cw-ECE upper bound: a proven bound, not the exact maximum")
     scores = dict.fromkeys(_RUN_KEYS)
+    sums = None
     if (positions or scan is not None) and is_run(run_dir):
         from pipeline.analysis.positions import scan_run
 
@@ -164,6 +167,9 @@ def metrics_for_run(
                 "adaptive_ece: null where an equal-count bin boundary cuts a fine bin; "
                 "adaptive_ece_bounds is its proven range (--positions: exact)"
             )
+    if sums is None:  # the scan path: Σ_i q_im² from the kept sums
+        sums = _run_sums(run_dir, tables_dir, quiet)
+    notes.extend(add_floors(ordered, tables, mass_sq_of(sums), tail_bounds is None, extra_tables))
     if is_run(run_dir) or scores["nll"] is not None:
         if scores["brier"] is None:
             notes.append(
@@ -179,15 +185,18 @@ def metrics_for_run(
         notes.append(rsd_note)
     result["bootstrap"] = None
     if bootstrap_replicates:
-        from pipeline.core.bootstrap import bootstrap
+        from pipeline.core.bootstrap import bootstrap, rsd_intervals
 
         boot = bootstrap(tables, coarse, bootstrap_replicates, seed=seed) if coarse else None
         intervals = {r["M"]: r for r in (boot["intervals"] if boot else [])}
+        replicate_values = boot.pop("replicate_values") if boot else {}
         for m, t_m in extra_tables.items():
             b = bootstrap(t_m, [m], bootstrap_replicates, seed=seed)
             intervals[m] = b["intervals"][0]
+            replicate_values.update(b.pop("replicate_values"))
             boot = boot or b
         boot["intervals"] = [intervals[m] for m in bins]
+        boot["rsd"] = rsd_intervals(result["rsd"], replicate_values, boot["level"])
         for iv, row in zip(boot["intervals"], ordered, strict=True):
             if row["full_ece"] is None:  # resampling undetermined tables proves nothing
                 iv["full_ece"] = None
@@ -207,7 +216,7 @@ def metrics_for_run(
         "m_exact": result["m_exact"],
         "tail_max": float(result["tail_max"]),
         **{key: scores[key] for key in _RUN_KEYS},
-        "bins": [dict(clean_row(r), **_extra_bin_keys(r)) for r in ordered],
+        "bins": [dict(clean_row(r), **_extra_bin_keys(r), **floor_keys(r)) for r in ordered],
         "rsd": result["rsd"],
         "token_frequency": result["token_frequency"],
         "bootstrap": result["bootstrap"],
@@ -233,7 +242,66 @@ def _run_sums(run_dir, tables_dir, quiet: bool) -> dict | None:
     try:
         return pos.write_scores([run], tables_dir, meta)
     except OSError:  # a read-only tables directory: the sums, not kept
-        return pos.scan_run(run_dir, progress=not quiet, keep_pairs=False).sums()
+        return pos.scan_run(
+            run_dir, progress=not quiet, keep_pairs=False, fine_bins=meta.get("fine_bins")
+        ).sums()
+
+
+def mass_sq_of(sums: dict | None) -> dict | None:
+    """{M: Σ_i q_im² [M]} from the kept run sums (scores cache v2), else None."""
+    kept = (sums or {}).get("bin_mass_sq")
+    return None if not kept else {int(m): np.asarray(v, np.float64) for m, v in kept.items()}
+
+
+FLOOR_KEYS = tuple(f"{k}_floor{s}" for k in ("ece", "cw_ece", "full_ece") for s in ("", "_p95"))
+
+
+def floor_keys(row: dict) -> dict:
+    return {k: (None if row.get(k) is None else float(row[k])) for k in FLOOR_KEYS}
+
+
+def add_floors(rows, tables, mass_sq, cw_known: bool, extra_tables=None) -> list[str]:
+    """Put each row's noise floors (pipeline.core.floors.floor_rows) in it; the
+    notes say where a floor is null and why."""
+    from pipeline.core.floors import floor_rows
+
+    extra_tables = extra_tables or {}
+    no_full, no_cw = [], []
+    for row in rows:
+        m = row["M"]
+        t_m = extra_tables.get(m, tables)
+        row.update(
+            floor_rows(t_m, m, mass_sq if m not in extra_tables else None, cw_known=cw_known)
+        )
+        if row.get("full_ece_floor") is None:
+            no_full.append(m)
+        if row.get("cw_ece_floor") is None:
+            no_cw.append(m)
+    notes = [
+        "floors: each figure's expected value under perfect calibration with the same "
+        "probabilities (labels drawn from the model's own distributions); an approximation "
+        "from Σp and Σp² per cell (docs/metrics.md, 'Noise floors')"
+    ]
+    if no_cw:
+        why = (
+            "imported dump: the per-class tail is unknown"
+            if not cw_known
+            else "M > M_exact: cw-ECE is not determined"
+        )
+        notes.append(f"cw_ece_floor is null at M={','.join(map(str, no_cw))}: {why}")
+    if no_full:
+        if mass_sq is None:
+            why = (
+                "no Σ_i q_im² kept for these tables (built before it was kept, or not a run "
+                "directory): re-aggregate the run"
+            )
+        else:
+            why = (
+                "M > M_exact (Full-ECE not determined), or Σ_i q_im² is kept only for the "
+                f"paper's M's (5, 10, …, 500) dividing F={tables.fine_bins}"
+            )
+        notes.append(f"full_ece_floor is null at M={','.join(map(str, no_full))}: {why}")
+    return notes
 
 
 def _tail_bounds(tables_dir, tables):
@@ -285,8 +353,9 @@ def clean_row(row: dict) -> dict:
     for key, _ in METRIC_NAMES:
         if row.get(f"{key}_bounds") is not None:
             out[f"{key}_bounds"] = [float(x) for x in row[f"{key}_bounds"]]
-    if row.get("adaptive_ece_bounds") is not None:
-        out["adaptive_ece_bounds"] = [float(x) for x in row["adaptive_ece_bounds"]]
+    for key in ("adaptive_ece_bounds", "full_ece_l2_bounds", "full_ece_l2_debiased_bounds"):
+        if row.get(key) is not None:
+            out[key] = [float(x) for x in row[key]]
     return out
 
 
@@ -296,6 +365,28 @@ def value_text(row: dict, key: str) -> str:
         lo, hi = row[f"{key}_bounds"]
         return f"[{fmt(lo)}, {fmt(hi)}]"
     return fmt(row.get(key))
+
+
+FLOOR_LEGEND = (
+    "(floor): the figure's expected value under perfect calibration with the same "
+    "probabilities; ~ marks a figure not clearly above its floor (at or below the floor's "
+    "95th percentile): noise, not miscalibration (docs/metrics.md)"
+)
+
+
+def near_floor(row: dict, key: str) -> bool:
+    """The figure is a number at or below its floor's 95th percentile."""
+    p95 = row.get(f"{key}_floor_p95")
+    return row.get(key) is not None and p95 is not None and row[key] <= p95
+
+
+def with_floor(row: dict, key: str) -> str:
+    """A bins[] figure, its floor in parentheses, and ~ when not clearly above it."""
+    text = value_text(row, key)
+    floor = row.get(f"{key}_floor")
+    if floor is None:
+        return text + "          "
+    return f"{text} ({fmt(floor)}){'~' if near_floor(row, key) else ' '}"
 
 
 def fmt(x: float) -> str:
@@ -327,17 +418,18 @@ def format_metrics(result: dict) -> str:
         m
         for m in BIN_METRICS
         if not m.paper
+        and m.text
         and any(r.get(m.key) is not None or r.get(m.bounds_key or "") for r in result["bins"])
     ]
-    head = f"{'M':>5}  {'ECE':>12}  {'cw-ECE':>24}  {'Full-ECE':>24}  exact"
+    head = f"{'M':>5}  {'ECE (floor)':>23}  {'cw-ECE (floor)':>35}  {'Full-ECE (floor)':>35}  exact"
     head += "".join(f"  {m.label:>12}" for m in extra)
     if boot:
         head += f"   ECE {int(boot['level'] * 100)}% CI            Full-ECE {int(boot['level'] * 100)}% CI"
     lines.append(head)
     for r in result["bins"]:
         line = (
-            f"{r['M']:>5}  {fmt(r['ece']):>12}  {value_text(r, 'cw_ece'):>24}  "
-            f"{value_text(r, 'full_ece'):>24}  {'yes' if r['exact'] else 'NO '}"
+            f"{r['M']:>5}  {with_floor(r, 'ece'):>23}  {with_floor(r, 'cw_ece'):>35}  "
+            f"{with_floor(r, 'full_ece'):>35}  {'yes' if r['exact'] else 'NO '}"
         )
         line += "".join(f"  {value_text(r, m.key):>12}" for m in extra)
         if r.get("source") == "shards":
@@ -351,10 +443,14 @@ def format_metrics(result: dict) -> str:
             )
             line += f"   [{fmt(iv['ece'][0])}, {fmt(iv['ece'][1])}]   {full_ci}"
         lines.append(line)
+    if any(r.get(f"{k}_floor") is not None for r in result["bins"] for k, _ in METRIC_NAMES):
+        lines.append(FLOOR_LEGEND)
     rsd = result.get("rsd")
     if rsd:
         lines.append("")
         lines.append(f"RSD across M = {{{','.join(map(str, rsd['bins']))}}}:  " + _rsd_text(rsd))
+        if boot and boot.get("rsd"):
+            lines.append(_rsd_interval_text(boot))
     tf = result.get("token_frequency")
     if tf:
         lines.append("")
@@ -388,6 +484,19 @@ def _rsd_text(rsd: dict) -> str:
             text += f" (exact M = {{{','.join(map(str, used))}}} only)"
         parts.append(f"{label} {text}")
     return "   ".join(parts)
+
+
+def _rsd_interval_text(boot: dict) -> str:
+    """The RSDs' bootstrap intervals (ECE, Full-ECE; cw-ECE has none)."""
+    parts = []
+    for key, label in METRIC_NAMES:
+        interval = boot["rsd"].get(key)
+        if interval is not None:
+            parts.append(f"{label} [{interval[0]:.2f}%, {interval[1]:.2f}%]")
+    level = int(boot["level"] * 100)
+    return f"RSD {level}% CI (bootstrap over sequences):  " + (
+        "   ".join(parts) if parts else "n/a"
+    )
 
 
 def _value_or_interval(result: dict, key: str, bounds_key: str | None) -> str:

@@ -51,8 +51,16 @@ class PositionScan:
     """Streaming sums over positions; feed Arrow batches, then `result()`.
     ``keep_pairs=False`` keeps only the sums (O(1) memory): :meth:`scores`."""
 
-    def __init__(self, keep_pairs: bool = True):
+    def __init__(self, keep_pairs: bool = True, fine_bins: int | None = None):
         self.keep_pairs = keep_pairs
+        # Σ_i q_im² per bin of each M dividing F (Full-ECE's noise floor,
+        # pipeline.core.floors); None: not kept
+        self.fine_bins = fine_bins
+        self.mass_sq = None
+        if fine_bins is not None:
+            from pipeline.core.floors import floor_bins_of
+
+            self.mass_sq = {m: np.zeros(m) for m in floor_bins_of(fine_bins)}
         self.n = 0
         self.nll = 0.0
         self.brier = [0.0, 0.0]
@@ -79,6 +87,8 @@ class PositionScan:
             self.correct.append(column_numpy(col["top1_id"]) == column_numpy(col["label"]))
 
         kept = None
+        if self.mass_sq is not None and dense is None:
+            self._add_mass_sq(col, n)
         if dense is not None:
             sum_p2 = np.asarray(dense["sum_p2"], np.float64)
             sq_lo = sq_hi = sum_p2
@@ -118,6 +128,28 @@ class PositionScan:
                 self.entropy_exact = self.entropy_exact and bool(np.all(lo == hi))
         self.n += n
 
+    def _add_mass_sq(self, col, n: int) -> None:
+        """Σ_i q_im² from the kept entries and the tail mass, the tail in bin 1:
+        right at every M <= M_exact (where it is used)."""
+        from pipeline.core.binning import fine_bin_index
+        from pipeline.core.floors import bin_mass_sq_of_rows
+
+        rows, kept = _kept_entries(col["kept_probs"], n)
+        tail = column_numpy(col["tail_mass"]).astype(np.float64)
+        self.add_mass_sq(
+            bin_mass_sq_of_rows(
+                np.r_[rows, np.arange(n)],
+                np.r_[fine_bin_index(kept, self.fine_bins), np.ones(n, np.int32)],
+                np.r_[kept.astype(np.float64), tail],
+                self.fine_bins,
+                self.mass_sq,
+            )
+        )
+
+    def add_mass_sq(self, parts: dict) -> None:
+        for m, v in parts.items():
+            self.mass_sq[m] += v
+
     def top1_pairs(self) -> tuple[np.ndarray, np.ndarray]:
         conf = np.concatenate(self.conf) if self.conf else np.zeros(0, np.float32)
         hit = np.concatenate(self.correct) if self.correct else np.zeros(0, bool)
@@ -132,6 +164,10 @@ class PositionScan:
             "entropy_sum": list(self.entropy),
             "brier_exact": self.brier_exact,
             "entropy_exact": self.entropy_exact,
+            "fine_bins": self.fine_bins,
+            "bin_mass_sq": None
+            if self.mass_sq is None
+            else {str(m): v.tolist() for m, v in self.mass_sq.items()},
         }
 
     def scores(self) -> dict:
@@ -177,12 +213,19 @@ def _needs_kept(col) -> bool:
     return not bool(np.isfinite(h).all())
 
 
-def _kept_sums(kept_probs, n: int) -> dict:
-    """Per row: Σ p² and −Σ p ln p over the kept entries (float64)."""
+def _kept_entries(kept_probs, n: int):
+    """(row of each kept entry, its float32 probability) of a kept_probs list column."""
     arr = kept_probs.combine_chunks() if hasattr(kept_probs, "combine_chunks") else kept_probs
     offsets = arr.offsets.to_numpy()
-    values = arr.values.to_numpy().astype(np.float64)[offsets[0] : offsets[-1]]
-    rows = np.repeat(np.arange(n), np.diff(offsets))
+    return np.repeat(np.arange(n), np.diff(offsets)), arr.values.to_numpy()[
+        offsets[0] : offsets[-1]
+    ]
+
+
+def _kept_sums(kept_probs, n: int) -> dict:
+    """Per row: Σ p² and −Σ p ln p over the kept entries (float64)."""
+    rows, values = _kept_entries(kept_probs, n)
+    values = values.astype(np.float64)
     return {
         "sum_p2": np.bincount(rows, weights=values * values, minlength=n),
         "entropy": np.bincount(rows, weights=_neg_xlogx(values), minlength=n),
@@ -197,32 +240,43 @@ def _tail(col):
     )
 
 
-def _dense_rows_of_shard(shard):
-    """(sum_p2, entropy) per row of a full-store shard, from its logits."""
+def _dense_rows_of_shard(shard, scan=None):
+    """(sum_p2, entropy) per row of a full-store shard, from its logits; and
+    the shard's Σ_i q_im² added to `scan` when it keeps them."""
+    from pipeline.core.floors import bin_mass_sq
     from pipeline.core.probability import probs_of_record
     from pipeline.store.run import iter_logit_blocks
 
     sq, ent = [], []
     for _, block, lse in iter_logit_blocks(shard):
-        p = probs_of_record(block, lse).astype(np.float64)
+        p32 = probs_of_record(block, lse)
+        p = p32.astype(np.float64)
         sq.append(np.einsum("ij,ij->i", p, p))
         ent.append(_neg_xlogx(p).sum(axis=1))
+        if scan is not None and scan.mass_sq is not None:
+            scan.add_mass_sq(bin_mass_sq(p32, scan.mass_sq, scan.fine_bins, p))
     return np.concatenate(sq), np.concatenate(ent)
 
 
-def scan_run(run_dir, *, progress: bool = False, keep_pairs: bool = True) -> PositionScan:
+def scan_run(
+    run_dir, *, progress: bool = False, keep_pairs: bool = True, fine_bins: int | None = None
+) -> PositionScan:
     """One scan over every positions shard of a run (and, in the full store,
     one streaming pass over its logits for Σ p² and the entropy), every byte
     read through the store's verified readers (checksums, value ranges)."""
     from pipeline.store.run import open_verified_run
 
-    return _scan_runs([open_verified_run(run_dir)], progress=progress, keep_pairs=keep_pairs)
+    return _scan_runs(
+        [open_verified_run(run_dir)], progress=progress, keep_pairs=keep_pairs, fine_bins=fine_bins
+    )
 
 
-def _scan_runs(runs, *, progress: bool = False, keep_pairs: bool = True) -> PositionScan:
+def _scan_runs(
+    runs, *, progress: bool = False, keep_pairs: bool = True, fine_bins: int | None = None
+) -> PositionScan:
     from pipeline.store.run import iter_positions, open_positions
 
-    scan = PositionScan(keep_pairs)
+    scan = PositionScan(keep_pairs, fine_bins)
     bar = None
     if progress:
         from pipeline.progress import progress_bar
@@ -237,7 +291,9 @@ def _scan_runs(runs, *, progress: bool = False, keep_pairs: bool = True) -> Posi
         cols = (
             ["label_prob", "entropy", "sum_p2"] if not keep_pairs and "sum_p2" in names else every
         )
-        dense = _dense_rows_of_shard(shard) if run.store == "full" else None
+        if fine_bins is not None and run.store != "full":
+            cols = every  # Σ_i q_im² (Full-ECE's floor) reads kept_probs and the tail
+        dense = _dense_rows_of_shard(shard, scan) if run.store == "full" else None
         batches = iter_positions(shard, cols, BATCH_ROWS)
         start = 0
         while (batch := next(batches, None)) is not None:
@@ -267,7 +323,7 @@ def _scan_runs(runs, *, progress: bool = False, keep_pairs: bool = True) -> Posi
 # ---- the run-level sums kept beside the tables ------------------------------------
 
 SCORES_NAME = "scores.json"
-SCORES_VERSION = 1
+SCORES_VERSION = 2  # 2: with bin_mass_sq (Full-ECE's noise floor); 1 is rescanned
 
 
 def _inputs_key(meta: dict) -> str:
@@ -296,7 +352,7 @@ def write_scores(runs, tables_dir, meta: dict) -> dict:
     returns the sums. `tables_dir` is unused: kept for the callers' order."""
     from pipeline.store import atomic
 
-    sums = _scan_runs(runs, keep_pairs=False).sums()
+    sums = _scan_runs(runs, keep_pairs=False, fine_bins=meta.get("fine_bins")).sums()
     record = {"schema_version": SCORES_VERSION, "inputs": _inputs_key(meta), **sums}
     atomic.write_json(_scores_path(meta), record)
     return sums

@@ -111,8 +111,6 @@ def prepare_reliability(runs: list[dict], kind: str) -> dict:
                 "over": np.where(np.isfinite(mean), np.maximum(mean - freq, 0.0), np.nan),
                 "under": np.where(np.isfinite(mean), np.maximum(freq - mean, 0.0), np.nan),
                 "value": None if row is None else row.get(key),
-                "overconfidence": None if row is None else row.get("overconfidence"),
-                "underconfidence": None if row is None else row.get("underconfidence"),
             }
         )
     return {
@@ -333,8 +331,6 @@ def plot_reliability(data: dict, ax=None):
     s0 = series[0]
     if single and s0["value"] is not None:
         text = f"{data['metric']}(M={m}) = {s0['value']:.4f}"
-        if kind == "full" and s0.get("overconfidence") is not None:
-            text += f"\nover {s0['overconfidence']:.4f} + under {s0['underconfidence']:.4f}"
         ax.text(
             0.04,
             0.96,
@@ -573,7 +569,11 @@ def _cell(row: dict, key: str, bounds_key: str | None, spec: str) -> str:
 def _metrics_table(runs: list[dict]) -> str:
     from pipeline.core.registry import BIN_METRICS
 
-    cols = [m for m in BIN_METRICS if any(m.key in b for r in runs for b in r["metrics"]["bins"])]
+    cols = [
+        m
+        for m in BIN_METRICS
+        if m.text and any(m.key in b for r in runs for b in r["metrics"]["bins"])
+    ]
     rows = []
     for run in runs:
         for b in run["metrics"]["bins"]:

@@ -49,13 +49,15 @@ def bootstrap(tables, bins, replicates: int = 1000, *, seed: int = 0, level: flo
 
     Returns {"replicates", "level", "seed", "sequences", "method", "intervals":
     [{"M", "ece": [lo, hi], "full_ece": [lo, hi], "ece_point", "ece_bias",
-    "full_ece_point", "full_ece_bias"}]}.
+    "full_ece_point", "full_ece_bias"}], "replicate_values": {M: {"ece": [B],
+    "full_ece": [B]}}} (the last for :func:`rsd_intervals`, not JSON output).
+    Replicate r draws the same sequences at every M (and in every call with the
+    same seed and number of sequences).
     """
     if replicates < 2:
         raise ValueError("--bootstrap needs at least 2 replicates")
-    rng = np.random.default_rng(seed)
     out = []
-    alpha = (1.0 - level) / 2.0
+    replicate_values = {}
     sequences = None
     for m in bins:
         s, npos, x = _per_sequence(tables, m)
@@ -72,7 +74,9 @@ def bootstrap(tables, bins, replicates: int = 1000, *, seed: int = 0, level: flo
         for b0 in range(0, replicates, block):
             b1 = min(replicates, b0 + block)
             nb = b1 - b0
-            draws = rng.integers(0, s, size=(nb, s))
+            # one stream per block, the same at every M: replicate r resamples the
+            # same sequences at each M, so a figure across M (the RSD) has replicates too
+            draws = np.random.default_rng([seed, b0]).integers(0, s, size=(nb, s))
             w = (
                 np.bincount((np.arange(nb)[:, None] * s + draws).ravel(), minlength=nb * s)
                 .reshape(nb, s)
@@ -82,13 +86,10 @@ def bootstrap(tables, bins, replicates: int = 1000, *, seed: int = 0, level: flo
             n_b = w @ npos
             ece[b0:b1] = ece_formula(sums[:, 0], sums[:, 1], n_b)
             full[b0:b1] = full_ece_formula(sums[:, 2], sums[:, 3], n_b)
+        replicate_values[int(m)] = {"ece": ece, "full_ece": full}
         row = {"M": int(m)}
         for name, point, reps in (("ece", point_ece, ece), ("full_ece", point_full, full)):
-            dev = reps - reps.mean()
-            row[name] = [
-                point + float(np.quantile(dev, alpha)),
-                point + float(np.quantile(dev, 1 - alpha)),
-            ]
+            row[name] = _centred_interval(point, reps, level)
             row[f"{name}_point"] = point
             row[f"{name}_bias"] = float(reps.mean()) - point
         out.append(row)
@@ -100,4 +101,44 @@ def bootstrap(tables, bins, replicates: int = 1000, *, seed: int = 0, level: flo
         "method": "percentile of replicate deviations around the point estimate, "
         "resampling sequences",
         "intervals": out,
+        "replicate_values": replicate_values,
     }
+
+
+def _centred_interval(point: float, replicates, level: float) -> list[float]:
+    """The module's interval: percentiles of the replicates' deviations from their
+    mean, placed around the point estimate."""
+    alpha = (1.0 - level) / 2.0
+    dev = np.asarray(replicates, np.float64) - np.mean(replicates)
+    return [point + float(np.quantile(dev, alpha)), point + float(np.quantile(dev, 1 - alpha))]
+
+
+def rsd_intervals(rsd: dict | None, replicate_values: dict, level: float) -> dict | None:
+    """Bootstrap intervals of the RSD over M of ECE and Full-ECE.
+
+    ``rsd``: the point RSDs (:func:`pipeline.core.metrics.rsd_of_rows`), whose
+    ``<key>_bins`` name the M's each covers; ``replicate_values[M][key]``: the
+    replicates of :func:`bootstrap`, replicate r being the same resample of
+    sequences at every M. Each replicate's RSD over those M's gives the interval
+    (same method as the per-M intervals, the lower end clipped at 0, where the
+    centred percentiles can fall below it). cw-ECE has none: ``seq_bins`` pools
+    the classes. None without an RSD."""
+    if not rsd:
+        return None
+    out = {"cw_ece": None}
+    for key in ("ece", "full_ece"):
+        used = [m for m in rsd.get(f"{key}_bins", []) if m in replicate_values]
+        if rsd.get(key) is None or len(used) < 2 or len(used) != len(rsd[f"{key}_bins"]):
+            out[key] = None
+            continue
+        values = np.stack([replicate_values[m][key] for m in used], axis=1)  # [B, M's]
+        mean = values.mean(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            reps = values.std(axis=1, ddof=1) / mean * 100.0
+        reps = reps[np.isfinite(reps)]
+        if reps.size < 2:
+            out[key] = None
+            continue
+        lo, hi = _centred_interval(rsd[key], reps, level)
+        out[key] = [max(lo, 0.0), hi]  # an RSD is never negative
+    return out

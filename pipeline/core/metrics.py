@@ -58,6 +58,14 @@ __all__ = [
     "brier",
     "entropy",
     "temperature_scan",
+    "l2_squared_terms",
+    "l2_formula",
+    "l2_at",
+    "full_ece_l2_bounds",
+    "l2_row",
+    "ece_l2",
+    "full_ece_l2",
+    "ece_split",
 ]
 
 FREQUENCY_BUCKETS = (("0", 0, 0), ("1-10", 1, 10), ("11-100", 11, 100), (">100", 101, None))
@@ -122,7 +130,8 @@ def pooled_by_bin(tables: BinTables, n_bins: int):
 
 
 def metrics_at(tables: BinTables, n_bins: int) -> dict:
-    """ECE, cw-ECE and Full-ECE at M = n_bins (M must divide the fine grid)."""
+    """ECE, cw-ECE and Full-ECE at M = n_bins (M must divide the fine grid), and the
+    L2 figures and ECE's over/under split (:func:`l2_at`)."""
     _check_tables(tables)
     n_bins = check_n_bins(n_bins)
     _, conf, correct = top1_by_bin(tables, n_bins)
@@ -136,6 +145,7 @@ def metrics_at(tables: BinTables, n_bins: int) -> dict:
         ),
         "full_ece": float(full_ece_formula(hits, p_sum, tables.positions)),
         "exact": is_exact(n_bins, tables.m_exact),
+        **l2_at(tables, n_bins),
     }
 
 
@@ -179,6 +189,7 @@ def determined_row(tables: BinTables, n_bins: int, tail_bounds=None) -> dict:
             row[f"{key}_bounds"] = [lo, hi]
     row["cw_ece_bounds_exact"] = bounds["cw_ece_hi_exact"]
     row["full_ece_bounds_exact"] = bounds["full_ece_hi_exact"]
+    row.update(l2_row(tables, n_bins, tail_bounds))
     return row
 
 
@@ -510,8 +521,10 @@ def bin_metric_bounds(tables: BinTables, n_bins: int, tail_bounds=None) -> dict:
 
 
 def direction_formula(hits_by_bin, p_sum_by_bin, positions):
-    """(overconfidence, underconfidence): Full-ECE split by the sign of each
-    pooled bin's gap; their sum is Full-ECE."""
+    """(over, under) = (1/N) Σ_m max(p_sum_m − hits_m, 0) and (1/N) Σ_m max(hits_m −
+    p_sum_m, 0): a binned L1 error split by the sign of each bin's gap; their sum is
+    the error. Pooled bins give Full-ECE's halves (overconfidence, underconfidence,
+    always equal), top-1 bins ECE's (ece_over, ece_under)."""
     gap = np.asarray(p_sum_by_bin, np.float64) - np.asarray(hits_by_bin, np.float64)
     return (
         float(np.maximum(gap, 0).sum() / positions),
@@ -862,3 +875,201 @@ def temperature_scan(logits, labels, *args, **kwargs) -> dict:
     from pipeline.core.temperature import temperature_scan as scan
 
     return scan(logits, labels, *args, **kwargs)
+
+
+# ---- L2 calibration error, debiased (Kumar, Liang & Ma 2019), and ECE's split ----
+
+
+def l2_squared_terms(n_by_bin, p_sum_by_bin, hits_by_bin, debiased: bool = False):
+    """Each bin's n_m · (conf_m − acc_m)², debiased: minus n_m · acc_m (1 − acc_m) / (n_m − 1)
+    and 0 where n_m < 2 (Kumar, Liang & Ma 2019). With conf_m = p_sum/n, acc_m = hits/n
+    that is (hits − p_sum)² / n and hits (n − hits) / (n (n − 1)); empty bins give 0."""
+    n = np.asarray(n_by_bin, np.float64)
+    gap = np.asarray(hits_by_bin, np.float64) - np.asarray(p_sum_by_bin, np.float64)
+    hits = np.asarray(hits_by_bin, np.float64)
+    safe = np.where(n > 0, n, 1.0)
+    plain = np.where(n > 0, gap * gap / safe, 0.0)
+    if not debiased:
+        return plain
+    pair = np.where(n >= 2, n * (n - 1), 1.0)
+    return np.where(n >= 2, plain - hits * (n - hits) / pair, 0.0)
+
+
+def l2_formula(n_by_bin, p_sum_by_bin, hits_by_bin, positions, debiased: bool = False) -> float:
+    """sqrt(max(0, Σ_m (n_m / N) · term_m)) with the terms of :func:`l2_squared_terms`."""
+    total = float(l2_squared_terms(n_by_bin, p_sum_by_bin, hits_by_bin, debiased).sum())
+    return float(np.sqrt(max(0.0, total / positions)))
+
+
+def l2_at(tables: BinTables, n_bins: int) -> dict:
+    """ece_l2, ece_l2_debiased (top-1), full_ece_l2, full_ece_l2_debiased (every
+    (position, class) pair, weights n_m / N as in Full-ECE) and ece_over, ece_under
+    (top-1 ECE split by the sign of each bin's gap) at M = n_bins, from the stored
+    tables as they are (above M_exact :func:`full_ece_l2_bounds` says what they
+    determine)."""
+    _check_tables(tables)
+    n_bins = check_n_bins(n_bins)
+    n1, conf, correct = top1_by_bin(tables, n_bins)
+    nf, p_sum, hits = pooled_by_bin(tables, n_bins)
+    over, under = direction_formula(correct, conf, tables.positions)
+    return {
+        "ece_l2": l2_formula(n1, conf, correct, tables.positions),
+        "ece_l2_debiased": l2_formula(n1, conf, correct, tables.positions, debiased=True),
+        "full_ece_l2": l2_formula(nf, p_sum, hits, tables.positions),
+        "full_ece_l2_debiased": l2_formula(nf, p_sum, hits, tables.positions, debiased=True),
+        "ece_over": over,
+        "ece_under": under,
+    }
+
+
+def _variance_term_range(hits, v_lo, v_hi):
+    """Range of h (v − h) / (v (v − 1)) over real v in [v_lo, v_hi] (v_lo >= max(2, h)).
+
+    Its derivative has the sign of −v² + 2 h v − h, so it rises up to
+    v* = h + sqrt(h² − h) and falls after: the minimum is at an end, the maximum
+    at v* when v* is inside, else at an end."""
+    h = np.asarray(hits, np.float64)
+
+    def term(v):
+        return h * (v - h) / (v * (v - 1))
+
+    at_lo, at_hi = term(v_lo), term(v_hi)
+    peak = h + np.sqrt(np.maximum(h * h - h, 0.0))
+    inside = (peak > v_lo) & (peak < v_hi)
+    at_peak = term(np.clip(peak, v_lo, v_hi))
+    lo = np.minimum(at_lo, at_hi)
+    hi = np.where(inside, np.maximum(np.maximum(at_lo, at_hi), at_peak), np.maximum(at_lo, at_hi))
+    return lo, hi
+
+
+def full_ece_l2_bounds(tables: BinTables, n_bins: int, tail_bounds=None) -> dict:
+    """Proven intervals of full_ece_l2 and full_ece_l2_debiased at M = n_bins.
+
+    Returns ``{"full_ece_l2": (lo, hi), "full_ece_l2_debiased": (lo, hi)}``; lo == hi
+    where the tables determine the figure (M <= M_exact: every tail pair in bin 1).
+
+    Above M_exact the floating pairs of fine bin 1 (C of them, mass T: the same
+    relaxation as :func:`bin_metric_bounds`; for an import the mass is the tail
+    allocation, the count all of fine bin 1) lie in bins b <= B = bin(tail_max),
+    moving both a bin's count v_b and its gap u_b = G_b − x_b (G_b: hits minus the
+    fixed mass, x_b >= 0 the floating mass placed there, Σ x_b = T). Bins above B
+    are fixed and enter exactly. For b <= B (docs/metrics.md, proof):
+
+    * counts: a floating pair in bin b >= 2 has p > (b − 1)/M, so at most
+      floor(T M / (b − 1)) of them reach bin b and bin 1 keeps at least C − floor(T M);
+    * lower end of Σ u_b² / v_b: (Σ |u_b|)² / Σ v_b (Cauchy–Schwarz), with Σ v_b = V
+      (every pair of bins <= B stays there) and Σ |u_b| >= the exact minimum over
+      x of Σ |G_b − x_b| (:func:`tail_split_range`);
+    * upper end: u_b² / v_b = |u_b| · |acc_b − conf_b| <= |u_b| d_b with
+      d_b = max(acc_b max, conf_b max), acc_b <= H_b / (bin b's least count) and
+      conf_b <= b/M; Σ d_b |G_b − x_b| is convex in x, so its maximum over the
+      simplex is at a vertex (all of T in one bin); likewise for
+      Σ u_b² / max(least count, 1) (v_b >= its least count); the smaller of the two;
+    * debiased: minus Σ R_b, R_b = H_b (v_b − H_b) / (v_b (v_b − 1)), each over its
+      count range (at least its fixed count and H_b, at most V and what can reach it)
+      (:func:`_variance_term_range`); a bin that may hold fewer than 2 pairs may
+      drop out (its plain term, at most max(H_b, b/M)², and its R_b).
+    """
+    _check_tables(tables)
+    n_bins = check_n_bins(n_bins)
+    n_pos = tables.positions
+    n, p_sum, hits = pooled_by_bin(tables, n_bins)
+    top = tail_top_bin(tables.tail_max, n_bins)
+    if top == 1:
+        plain = l2_formula(n, p_sum, hits, n_pos)
+        debiased = l2_formula(n, p_sum, hits, n_pos, debiased=True)
+        return {"full_ece_l2": (plain, plain), "full_ece_l2_debiased": (debiased, debiased)}
+    cb = tables.class_bins
+    first_fine = cb.bins == 1
+    floating_count = float(np.asarray(cb.values["n"], np.float64)[first_fine].sum())
+    if tail_bounds is None:
+        floating = float(np.asarray(cb.values["p_sum"], np.float64)[first_fine].sum())
+    else:
+        floating = float(np.asarray(tail_bounds[0], np.float64).sum())
+    gap = hits - p_sum
+    gap[0] += floating
+    fixed_n = n.copy()
+    fixed_n[0] -= floating_count
+    low = slice(0, top)
+    fixed_plain = float(l2_squared_terms(n[top:], p_sum[top:], hits[top:]).sum())
+    fixed_deb = float(l2_squared_terms(n[top:], p_sum[top:], hits[top:], debiased=True).sum())
+
+    g, h, nf = gap[low], hits[low], fixed_n[low]
+    pairs = float(n[low].sum())
+    # a pair in bin b >= 2 has p > (b − 1)/M and the floating mass is T, so at most
+    # T M / (b − 1) floating pairs reach bin b: the rest of the C stay in bin 1
+    reach = np.floor(floating * n_bins / np.maximum(np.arange(top), 1) * (1 + 1e-9))
+    v_lo = np.maximum(nf, h)
+    v_lo[0] = max(v_lo[0], nf[0] + floating_count - min(floating_count, reach[0]))
+    v_hi = np.minimum(nf + np.minimum(floating_count, reach), pairs)
+    v_hi[0] = min(nf[0] + floating_count, pairs)
+    l1_lo = tail_split_range(g, floating, np.full(top, floating))[0]
+    s_lo = l1_lo * l1_lo / pairs if pairs > 0 else 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        acc_max = np.where(
+            v_lo > 0, np.minimum(1.0, h / np.where(v_lo > 0, v_lo, 1.0)), (h > 0) * 1.0
+        )
+    upper_edge = np.minimum(1.0, np.arange(1, top + 1) / n_bins)
+    d = np.maximum(acc_max, upper_edge) * (1 + 1e-9)
+    base = d * np.abs(g)
+    s_hi = float((base.sum() - base + d * np.abs(g - floating)).max())
+    # also u_b² / v_b <= u_b² / max(v_lo, 1) (an empty bin adds 0), convex in x too
+    v_floor = np.maximum(v_lo, 1.0)
+    sq = g * g / v_floor
+    s_hi = min(s_hi, float((sq.sum() - sq + (g - floating) ** 2 / v_floor).max()))
+
+    may_drop = v_lo < 2
+    can_count = v_hi >= 2
+    r_lo, r_hi = _variance_term_range(h, np.maximum(v_lo, 2.0), np.maximum(v_hi, 2.0))
+    single = np.maximum(np.minimum(h, 1.0), upper_edge) ** 2
+    d_lo = s_lo - float(single[may_drop].sum()) - float(r_hi[can_count].sum())
+    d_hi = s_hi - float(r_lo[~may_drop].sum())
+
+    def root(total):
+        return float(np.sqrt(max(0.0, total / n_pos)))
+
+    return {
+        "full_ece_l2": (root(fixed_plain + s_lo), root(fixed_plain + s_hi)),
+        "full_ece_l2_debiased": (root(fixed_deb + d_lo), root(fixed_deb + d_hi)),
+    }
+
+
+L2_KEYS = ("ece_l2", "ece_l2_debiased", "ece_over", "ece_under")
+FULL_L2_KEYS = ("full_ece_l2", "full_ece_l2_debiased")
+
+
+def l2_row(tables: BinTables, n_bins: int, tail_bounds=None) -> dict:
+    """The keys of :func:`l2_at` with no point value the tables do not determine:
+    the top-1 figures are always exact; full_ece_l2(_debiased) is a number only
+    where its interval (``<key>_bounds``, :func:`full_ece_l2_bounds`) collapses."""
+    row = l2_at(tables, n_bins)
+    bounds = full_ece_l2_bounds(tables, n_bins, tail_bounds)
+    for key in FULL_L2_KEYS:
+        lo, hi = bounds[key]
+        if lo == hi:
+            row[f"{key}_bounds"] = [row[key], row[key]]
+        else:
+            row[key] = None
+            row[f"{key}_bounds"] = [lo, hi]
+    return row
+
+
+def ece_l2(probs, labels, n_bins: int = 10, debiased: bool = False) -> float:
+    """Top-1 L2 calibration error (Kumar, Liang & Ma 2019), plain or debiased."""
+    return l2_at(_tables_of(probs, labels, n_bins), n_bins)[
+        "ece_l2_debiased" if debiased else "ece_l2"
+    ]
+
+
+def full_ece_l2(probs, labels, n_bins: int = 10, debiased: bool = False) -> float:
+    """L2 analogue of Full-ECE over every (position, class) pair, plain or debiased."""
+    return l2_at(_tables_of(probs, labels, n_bins), n_bins)[
+        "full_ece_l2_debiased" if debiased else "full_ece_l2"
+    ]
+
+
+def ece_split(probs, labels, n_bins: int = 10) -> tuple[float, float]:
+    """(ece_over, ece_under): top-1 ECE from the bins whose mean confidence exceeds
+    their accuracy, and from the others; they sum to ECE."""
+    row = l2_at(_tables_of(probs, labels, n_bins), n_bins)
+    return row["ece_over"], row["ece_under"]

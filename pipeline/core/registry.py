@@ -25,6 +25,7 @@ class Metric:
     exact_when: str  # what makes it exact (else: interval key or exact=false)
     bounds_key: str | None = None  # JSON key of the [lo, hi] interval, when it can be one
     paper: bool = False  # one of the paper's three metrics (ECE, cw-ECE, Full-ECE)
+    text: bool = True  # shown in the text output, compare and the report (else JSON only)
 
 
 REGISTRY: tuple[Metric, ...] = (
@@ -64,7 +65,8 @@ REGISTRY: tuple[Metric, ...] = (
         "bins",
         "(1/N) Σ_m max(p_sum_m − hits_m, 0), pooled over classes",
         "class_bins pooled over classes",
-        "M <= m_exact; full_ece = overconfidence + underconfidence",
+        "M <= m_exact; full_ece = overconfidence + underconfidence (always equal halves)",
+        text=False,
     ),
     Metric(
         "underconfidence",
@@ -73,6 +75,7 @@ REGISTRY: tuple[Metric, ...] = (
         "(1/N) Σ_m max(hits_m − p_sum_m, 0), pooled over classes",
         "class_bins pooled over classes",
         "M <= m_exact",
+        text=False,
     ),
     Metric(
         "mce",
@@ -91,6 +94,60 @@ REGISTRY: tuple[Metric, ...] = (
         "top1_bins (n, conf_sum, correct per fine bin); positions with --positions",
         "no equal-count boundary cuts a fine bin, or --positions; else adaptive_ece_bounds",
         bounds_key="adaptive_ece_bounds",
+    ),
+    Metric(
+        "ece_over",
+        "ECE over",
+        "bins",
+        "(1/N) Σ_m max(conf_sum_m − correct_m, 0), top-1: ECE from overconfident bins",
+        "top1_bins",
+        "always; ece = ece_over + ece_under",
+    ),
+    Metric(
+        "ece_under",
+        "ECE under",
+        "bins",
+        "(1/N) Σ_m max(correct_m − conf_sum_m, 0), top-1: ECE from underconfident bins",
+        "top1_bins",
+        "always",
+    ),
+    Metric(
+        "ece_l2",
+        "ECE-L2",
+        "bins",
+        "sqrt(Σ_m (n_m/N) (conf_m − acc_m)²), top-1",
+        "top1_bins (n, conf_sum, correct)",
+        "always",
+        text=False,
+    ),
+    Metric(
+        "ece_l2_debiased",
+        "ECE-L2 debiased",
+        "bins",
+        "sqrt(max(0, Σ_{m: n_m ≥ 2} (n_m/N) [(conf_m − acc_m)² − acc_m (1 − acc_m)/(n_m − 1)])), "
+        "top-1 (Kumar, Liang & Ma 2019)",
+        "top1_bins (n, conf_sum, correct)",
+        "always",
+    ),
+    Metric(
+        "full_ece_l2",
+        "Full-L2",
+        "bins",
+        "sqrt(Σ_m (n_m/N) (conf_m − acc_m)²) over every (position, class) pair, n_m pairs",
+        "class_bins pooled over classes (n, p_sum, hits)",
+        "M <= m_exact; else full_ece_l2_bounds",
+        bounds_key="full_ece_l2_bounds",
+        text=False,
+    ),
+    Metric(
+        "full_ece_l2_debiased",
+        "Full-L2 debiased",
+        "bins",
+        "full_ece_l2 with each bin's acc_m (1 − acc_m)/(n_m − 1) subtracted, bins with "
+        "n_m < 2 left out, sqrt(max(0, ·))",
+        "class_bins pooled over classes (n, p_sum, hits)",
+        "M <= m_exact; else full_ece_l2_debiased_bounds",
+        bounds_key="full_ece_l2_debiased_bounds",
     ),
     Metric(
         "nll",

@@ -1,0 +1,302 @@
+"""Noise floors: what a perfectly calibrated model with the same probabilities shows.
+
+Under perfect calibration each position's label is drawn from its own
+distribution (consistency resampling, Bröcker & Smith 2007). Every binned
+figure is (1/D) Σ_c |X_c| over cells c (a top-1 bin; a (class, bin); a pooled
+bin), where X_c = hits_c − p_sum_c is a sum over the cell's positions of
+independent centred Bernoulli terms: Bernoulli(p) for a top-1 confidence or a
+class probability, Bernoulli(q_im) for a position's whole mass q_im in pooled
+bin m (its hits there are one draw: the label lands in bin m or not). The
+**floor** is E[figure] = (1/D) Σ_c E|X_c|.
+
+E|X_c| depends on every probability in the cell; the tables keep only its
+mean (Σp) and, here, its second moment Σp² (exactly, or as a proven interval).
+:func:`centred_abs_mean` takes the binomial with the same mean and variance
+(n* = (Σp)²/Σp², p* = Σp²/Σp): exact when the cell's probabilities are equal,
+Poisson-like for many tiny ones (where a normal approximation overstates
+E|X| several-fold), normal-like for large cells. Its error against
+consistency resampling is measured in tests/test_floors.py; docs/metrics.md
+("Noise floors") states the tolerance.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.core.binning import bin1_threshold, coarsen_bins, fine_bin_index
+from pipeline.core.tables import BinTables, SparseBins
+
+__all__ = [
+    "FLOOR_KEYS",
+    "FLOOR_Z",
+    "fine_cell_sum_sq_bounds",
+    "centred_abs_mean",
+    "log_gamma",
+    "floor_of_cells",
+    "ece_floor_at",
+    "cw_ece_floor_at",
+    "full_ece_floor_at",
+    "bin_mass_sq",
+    "bin_mass_sq_of_rows",
+    "floor_bins_of",
+    "floor_rows",
+    "noise_floors",
+]
+
+FLOOR_KEYS = ("ece", "cw_ece", "full_ece")
+# one-sided 95% point of the standard normal: a figure at or below
+# floor + FLOOR_Z * sd is "not clearly above" its floor
+FLOOR_Z = 1.6448536269514722
+
+
+# ---- one cell ------------------------------------------------------------------
+
+
+def fine_cell_sum_sq_bounds(n, p_sum, lower_edge, upper_edge):
+    """Proven [lo, hi] of Σ x² over n values in [lower_edge, upper_edge] summing to p_sum.
+
+    Σ x² is Schur-convex: it is least when the values are equal (p_sum²/n) and
+    greatest at the greedy point (as many values as possible at the upper edge,
+    one remainder, the rest at the lower edge). Both ends are attained, so no
+    narrower interval follows from (n, p_sum, edges). Vectorised; n = 0 gives 0."""
+    n = np.asarray(n, np.float64)
+    s = np.asarray(p_sum, np.float64)
+    a = np.asarray(lower_edge, np.float64)
+    w = np.asarray(upper_edge, np.float64) - a
+    live = n > 0
+    safe_n = np.where(live, n, 1.0)
+    lo = np.where(live, s * s / safe_n, 0.0)
+    t = np.clip(s - n * a, 0.0, n * w)  # the sum above the lower edge
+    safe_w = np.where(w > 0, w, 1.0)
+    full = np.where(w > 0, np.minimum(np.floor(t / safe_w), n), 0.0)
+    rest = np.clip(t - full * w, 0.0, None)
+    hi = n * a * a + 2.0 * a * t + full * w * w + rest * rest
+    hi = np.where(live, np.maximum(hi, lo), 0.0)  # float rounding never inverts it
+    return lo, hi
+
+
+_HALF_LOG_2PI = 0.5 * np.log(2.0 * np.pi)
+
+
+def log_gamma(x):
+    """ln Γ(x) for x > 0, vectorised without scipy (the metrics commands import
+    nothing heavy): shift by 8 (Γ(x) = Γ(x + 8) / (x (x+1) … (x+7))), then
+    Stirling's series to 1/y¹³ (the next term is below 1e-15 at y ≥ 8)."""
+    x = np.asarray(x, np.float64)
+    y = x + 8.0
+    shift = np.log(x * (x + 1) * (x + 2) * (x + 3)) + np.log((x + 4) * (x + 5) * (x + 6) * (x + 7))
+    r = 1.0 / y
+    r2 = r * r
+    c = (1 / 12, 1 / 360, 1 / 1260, 1 / 1680, 1 / 1188, 691 / 360360, 1 / 156)
+    series = c[-1]
+    for coefficient in c[-2::-1]:  # alternating terms, innermost first
+        series = coefficient - r2 * series
+    series = r * series
+    return (y - 0.5) * np.log(y) - y + _HALF_LOG_2PI + series - shift
+
+
+def centred_abs_mean(p_sum, sum_sq):
+    """E|S − E S| for S a sum of independent Bernoulli(p_i), from Σp_i and Σp_i².
+
+    The binomial with the same mean and variance: p* = Σp²/Σp, n* = (Σp)²/Σp²
+    (a real number), and de Moivre's mean absolute deviation
+    2 ν C(n*, ν) p*^ν (1 − p*)^(n* − ν + 1), ν = ⌊Σp⌋ + 1 (:func:`log_gamma` for C).
+    Exact when every p_i is equal; 0 for an empty or deterministic cell."""
+    gammaln = log_gamma
+    mu = np.asarray(p_sum, np.float64)
+    s2 = np.asarray(sum_sq, np.float64)
+    var = mu - s2
+    live = (mu > 0) & (s2 > 0) & (var > 0)
+    m = np.where(live, mu, 1.0)
+    p = np.where(live, s2 / m, 0.5)
+    n = m / p
+    nu = np.floor(m) + 1.0
+    ok = live & (n - nu + 1.0 > 0) & (p < 1.0)
+    n_ok = np.where(ok, n, 2.0)
+    nu_ok = np.where(ok, nu, 1.0)
+    p_ok = np.where(ok, p, 0.5)
+    log_mad = (
+        np.log(2.0 * nu_ok)
+        + gammaln(n_ok + 1.0)
+        - gammaln(nu_ok + 1.0)
+        - gammaln(n_ok - nu_ok + 1.0)
+        + nu_ok * np.log(p_ok)
+        + (n_ok - nu_ok + 1.0) * np.log1p(-p_ok)
+    )
+    # p* rounding to 1 (a near-deterministic cell): the normal value, itself ~0
+    normal = np.sqrt(2.0 * np.clip(var, 0.0, None) / np.pi)
+    return np.where(ok, np.exp(log_mad), np.where(live, normal, 0.0))
+
+
+def floor_of_cells(p_sum, sum_sq, denominator: float) -> tuple[float, float]:
+    """(floor, p95) of (1/D) Σ_c |X_c| over independent cells.
+
+    floor = Σ E|X_c| / D. p95 = floor + z·sd, sd² = Σ (Var X_c − (E|X_c|)²) / D²
+    (the cells treated as independent and the sum as normal: an approximation,
+    measured in the tests)."""
+    mu = np.asarray(p_sum, np.float64)
+    s2 = np.asarray(sum_sq, np.float64)
+    mad = centred_abs_mean(mu, s2)
+    var_abs = np.clip(mu - s2 - mad * mad, 0.0, None)
+    floor = float(mad.sum() / denominator)
+    return floor, floor + FLOOR_Z * float(np.sqrt(var_abs.sum())) / denominator
+
+
+# ---- from the tables -------------------------------------------------------------
+
+
+def _fine_sum_sq_mid(n, p_sum, fine_bin, fine_bins: int, bin1_top: float):
+    """Midpoint of the proven Σp² interval of fine cells.
+
+    Fine bin j holds values in ((j−1)/F, j/F]; fine bin 1 also every tail
+    probability, so its upper edge is max(1/F, bin1_top)."""
+    j = np.asarray(fine_bin, np.float64)
+    lower = (j - 1.0) / fine_bins
+    upper = np.where(j == 1, max(1.0 / fine_bins, bin1_top), j / fine_bins)
+    lo, hi = fine_cell_sum_sq_bounds(n, p_sum, lower, upper)
+    return 0.5 * (lo + hi)
+
+
+def ece_floor_at(tables: BinTables, n_bins: int) -> tuple[float, float]:
+    """(floor, p95) of top-1 ECE at M = n_bins from top1_bins (Σconf² per fine
+    bin from its proven interval, midpoint)."""
+    f = tables.fine_bins
+    fine = np.arange(1, f + 1)
+    sq = _fine_sum_sq_mid(tables.top1_n, tables.top1_conf_sum, fine, f, 1.0 / f)
+    coarse = coarsen_bins(fine, f, n_bins) - 1
+    conf = np.bincount(coarse, weights=tables.top1_conf_sum, minlength=n_bins)
+    sq_m = np.bincount(coarse, weights=sq, minlength=n_bins)
+    return floor_of_cells(conf, sq_m, tables.positions)
+
+
+def cw_ece_floor_at(tables: BinTables, n_bins: int) -> tuple[float, float]:
+    """(floor, p95) of cw-ECE at M = n_bins from class_bins (Σp² per (class,
+    fine bin) from its proven interval, midpoint; never-seen classes included:
+    every class's pairs are in class_bins). Valid where the tail lies in bin 1
+    (M <= M_exact) and the per-class tail is known."""
+    cb = tables.class_bins
+    sq = _fine_sum_sq_mid(
+        cb.values["n"], cb.values["p_sum"], cb.bins, tables.fine_bins, tables.tail_max
+    )
+    cells = SparseBins.from_parts(
+        cb.ids,
+        coarsen_bins(cb.bins, tables.fine_bins, n_bins),
+        {"p_sum": cb.values["p_sum"], "sum_sq": sq},
+        n_bins + 1,
+    )
+    return floor_of_cells(
+        cells.values["p_sum"], cells.values["sum_sq"], tables.positions * tables.vocab_size
+    )
+
+
+def full_ece_floor_at(p_sum_by_bin, mass_sq_by_bin, positions: int) -> tuple[float, float]:
+    """(floor, p95) of Full-ECE at one M: per pooled bin m the mean Σ_i q_im
+    (= the pooled p_sum) and Σ_i q_im² (:func:`bin_mass_sq`)."""
+    return floor_of_cells(p_sum_by_bin, mass_sq_by_bin, positions)
+
+
+# ---- Σ_i q_im²: the statistic Full-ECE's floor needs -----------------------------
+
+
+def floor_bins_of(fine_bins: int) -> list[int]:
+    """The M's whose Σ_i q_im² is kept at aggregation: the paper's M's dividing F."""
+    from pipeline import PAPER_BINS
+
+    return [m for m in PAPER_BINS if fine_bins % m == 0]
+
+
+def _group_sums(cell, mass):
+    """(first index, summed mass) of each run of equal consecutive `cell` values."""
+    starts = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]]) if cell.size else cell
+    return starts, (np.add.reduceat(mass, starts) if mass.size else mass)
+
+
+def bin_mass_sq_of_rows(rows, fine_bin, probs, fine_bins: int, ms) -> dict:
+    """{M: Σ_i q_im² [M]} for M in `ms` (each dividing F), where q_im is row i's
+    total probability in bin m at M, from (row, fine bin, probability) entries
+    (any order, repeats summed). The entries are sorted by (row, fine bin) once
+    (a stable sort: rows come in order already) and summed per pair; each M then
+    sums the pairs of the finest M already done that it divides (bins nest), so
+    the work shrinks as M does. No [rows, M] array."""
+    row = np.asarray(rows, np.int64)
+    level = np.asarray(fine_bin, np.int64)  # 1-based bins at the current grid
+    order = np.argsort(row * fine_bins + level, kind="stable")
+    row, level = row[order], level[order]
+    starts, mass = _group_sums(row * (fine_bins + 1) + level, np.asarray(probs, np.float64)[order])
+    done = {fine_bins: (row[starts], level[starts], mass)}
+    out = {}
+    for m in sorted({int(m) for m in ms}, reverse=True):
+        finer = min(g for g in done if g % m == 0)
+        r, b, q = done[finer]
+        coarse = coarsen_bins(b, finer, m).astype(np.int64)
+        starts, q = _group_sums(r * (m + 1) + coarse, q)
+        done[m] = (r[starts], coarse[starts], q)
+        out[m] = np.bincount(done[m][1] - 1, weights=q * q, minlength=m)
+    return out
+
+
+def bin_mass_sq(probs, ms, fine_bins: int = 1000, probs64=None) -> dict:
+    """{M: Σ_i q_im²} of dense [n, K] probabilities of record, for M in `ms`.
+    Fine bin 1 (a float32 comparison, binning.bin1_threshold) is summed per row
+    first, so only the few larger entries are binned and sorted. `probs64`: the
+    same probabilities as float64, when the caller has them already."""
+    p = np.asarray(probs, np.float32)
+    p64 = p.astype(np.float64) if probs64 is None else probs64
+    n = p.shape[0]
+    high = p > bin1_threshold(fine_bins)
+    bin1 = np.add.reduce(p64, axis=1, where=~high)
+    r, c = np.nonzero(high)
+    return bin_mass_sq_of_rows(
+        np.r_[np.arange(n), r],
+        np.r_[np.ones(n, np.int64), fine_bin_index(p[r, c], fine_bins)],
+        np.r_[bin1, p64[r, c]],
+        fine_bins,
+        ms,
+    )
+
+
+def floor_rows(tables: BinTables, n_bins: int, mass_sq=None, *, cw_known: bool = True) -> dict:
+    """``ece_floor``, ``cw_ece_floor``, ``full_ece_floor`` and their ``*_floor_p95``
+    at M = n_bins (dividing F), None where the state does not allow it:
+    cw-ECE above M_exact or with an unknown per-class tail (`cw_known` False),
+    Full-ECE above M_exact or without Σ_i q_im² at this M (`mass_sq`: {M: [M]})."""
+    from pipeline.core.binning import is_exact
+    from pipeline.core.metrics import pooled_by_bin
+
+    out = dict.fromkeys([f"{k}_floor{s}" for k in FLOOR_KEYS for s in ("", "_p95")])
+    out["ece_floor"], out["ece_floor_p95"] = ece_floor_at(tables, n_bins)
+    exact = is_exact(n_bins, tables.m_exact)
+    if exact and cw_known:
+        out["cw_ece_floor"], out["cw_ece_floor_p95"] = cw_ece_floor_at(tables, n_bins)
+    if exact and mass_sq is not None and n_bins in mass_sq:
+        _, p_sum, _ = pooled_by_bin(tables, n_bins)
+        out["full_ece_floor"], out["full_ece_floor_p95"] = full_ece_floor_at(
+            p_sum, mass_sq[n_bins], tables.positions
+        )
+    return out
+
+
+def noise_floors(probs, labels, n_bins: int = 10) -> dict:
+    """Floors of ECE, cw-ECE and Full-ECE of dense ``probs, labels`` at M = n_bins,
+    with every Σp² and Σ_i q_im² exact (the labels enter only the checks)."""
+    from pipeline.core.metrics import _dense_rows
+
+    p, _ = _dense_rows(probs, labels)
+    n, k = p.shape
+    b = fine_bin_index(p, n_bins)
+    p64 = p.astype(np.float64)
+    top = p.argmax(axis=1)
+    conf = p64[np.arange(n), top]
+    cb = b[np.arange(n), top] - 1
+    ece = floor_of_cells(np.bincount(cb, conf, n_bins), np.bincount(cb, conf * conf, n_bins), n)
+    cell = (np.arange(k)[None, :] * n_bins + (b - 1)).reshape(-1)
+    flat = p64.reshape(-1)
+    cw = floor_of_cells(
+        np.bincount(cell, flat, k * n_bins), np.bincount(cell, flat * flat, k * n_bins), n * k
+    )
+    pooled = np.bincount((b - 1).reshape(-1), flat, n_bins)
+    full = full_ece_floor_at(pooled, bin_mass_sq(p, [n_bins], n_bins)[n_bins], n)
+    out = {"M": int(n_bins)}
+    for key, (value, p95) in zip(FLOOR_KEYS, (ece, cw, full), strict=True):
+        out[f"{key}_floor"], out[f"{key}_floor_p95"] = value, p95
+    return out
