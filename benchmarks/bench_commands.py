@@ -19,7 +19,16 @@ Commands (``make bench``'s defaults; ``--quick`` shrinks the large run):
   removed before each run, so every round aggregates from the shards;
 * ``metrics --json`` of the small and of a large run (500,000 positions in
   two shards), tables already built;
-* ``compare`` of one run and ``report`` of one run, both runs.
+* ``metrics --json`` once more with the verification stamps removed first
+  (docs/trust.md, "Verification stamps"): every shard hashed and every
+  position's digest columns read again, as a first call does;
+* ``compare`` of one run and ``report`` of one run, both runs;
+* with ``--real RUN`` (repeatable): a copy of that run (e.g. the default
+  experiment's ``runs/ckpt-000800``) aggregated from its shards each round,
+  then ``metrics --json`` with and without stamps and ``compare``.
+
+The commands use a cache of their own (``XDG_CACHE_HOME`` under the data
+directory), never the user's.
 
 Writes DIR/commands.json.
 """
@@ -84,23 +93,58 @@ def _fresh_tables(run: Path):
     return remove
 
 
-def cases(small: Path, large: Path, out: Path) -> list[dict]:
+def _aggregate_case(label: str, run: Path) -> dict:
     exe = _fullece()
-    cases = [
-        {
-            "name": "aggregate, small run",
-            "run": small,
-            "argv": [exe, "aggregate", str(small), "--quiet"],
-            "before": _fresh_tables(small),
-            "restore": lambda: subprocess.run(
-                [exe, "aggregate", str(small), "--quiet"], env=_env(), check=True
-            ),
-        }
+    return {
+        "name": f"aggregate, {label} run",
+        "run": run,
+        "argv": [exe, "aggregate", str(run), "--quiet"],
+        "before": _fresh_tables(run),
+        "restore": lambda: _settle([run]),
+    }
+
+
+def _settle(runs) -> None:
+    """Aggregate, let the files age past the racy window, and run metrics once
+    (untimed), so the next command finds the tables and the stamps of a run
+    that was measured before, as a user's later calls do."""
+    for run in runs:
+        subprocess.run([_fullece(), "aggregate", str(run), "--quiet"], env=_env(), check=True)
+    time.sleep(2.5)
+    for run in runs:
+        subprocess.run(
+            [_fullece(), "metrics", str(run), "--quiet"],
+            env=_env(),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+
+
+def _no_stamps():
+    shutil.rmtree(Path(os.environ["XDG_CACHE_HOME"]) / "fullece" / "verified", ignore_errors=True)
+
+
+def _metrics_cases(label: str, run: Path) -> list[dict]:
+    argv = [_fullece(), "metrics", str(run), "--json", "--quiet"]
+    return [
+        {"name": f"metrics --json, {label} run", "run": run, "argv": argv},
+        {"name": f"metrics, {label}, no stamp", "run": run, "argv": argv, "before": _no_stamps},
     ]
-    for label, run in (("small", small), ("large", large)):
+
+
+def cases(small: Path, large: Path, out: Path, real: dict[str, Path] | None = None) -> list[dict]:
+    exe = _fullece()
+    cases = [_aggregate_case("small", small)]
+    for label, run in (real or {}).items():
         cases += [
-            {"name": f"metrics --json, {label} run", "run": run,
-             "argv": [exe, "metrics", str(run), "--json", "--quiet"]},
+            _aggregate_case(label, run),
+            *_metrics_cases(label, run),
+            {"name": f"compare, {label} run", "run": run,
+             "argv": [exe, "compare", str(run), "--json", "--quiet"]},
+        ]  # fmt: skip
+    for label, run in (("small", small), ("large", large)):
+        cases += _metrics_cases(label, run)
+        cases += [
             {"name": f"compare, {label} run", "run": run,
              "argv": [exe, "compare", str(run), "--json", "--quiet"]},
             {"name": f"report, {label} run", "run": run,
@@ -160,6 +204,11 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a 50,000-position large run, 2 rounds")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5)")
     ap.add_argument("--data", type=Path, default=None, help="where the runs are built (kept)")
+    ap.add_argument(
+        "--real", type=Path, action="append", default=[], help="a real run to time too (copied)"
+    )
+    ap.add_argument("--only-real", action="store_true", help="skip the synthetic runs' commands")
+    ap.add_argument("--no-report", action="store_true", help="skip `report` (the slowest)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rounds = args.rounds or (2 if args.quick else 5)
@@ -167,14 +216,29 @@ def main(argv=None) -> int:
     data = args.data or Path(tempfile.mkdtemp(prefix="fullece-bench-commands-"))
     try:
         small = make_topk_run(data / "small", SMALL, K, KEPT, shard_rows=SMALL)
-        large = make_topk_run(data / f"large-{large_n}", large_n, K, KEPT, shard_rows=large_n // 2)
-        for run in (small, large):
-            subprocess.run([_fullece(), "aggregate", str(run), "--quiet"], env=_env(), check=True)
+        if args.only_real:
+            large = small  # not timed
+        else:
+            large = make_topk_run(
+                data / f"large-{large_n}", large_n, K, KEPT, shard_rows=large_n // 2
+            )
+        os.environ["XDG_CACHE_HOME"] = str(data / "cache")  # the commands' own cache
+        real = {}
+        for src in args.real:
+            real[src.name] = data / "real" / src.name
+            if not real[src.name].exists():
+                shutil.copytree(src, real[src.name])
+        _settle(dict.fromkeys([small, large, *real.values()]))
         print(
             f"whole processes, PYTHONDONTWRITEBYTECODE=1, {rounds} interleaved rounds; "
             "baseline: python -c 'import duckdb, pyarrow; pq.read_table(class_bins)'"
         )
-        results = measure(cases(small, large, data), rounds)
+        chosen = cases(small, large, data, real)
+        if args.only_real:
+            chosen = [c for c in chosen if c["run"] in real.values()]
+        if args.no_report:
+            chosen = [c for c in chosen if not c["name"].startswith("report")]
+        results = measure(chosen, rounds)
     finally:
         if args.data is None:
             shutil.rmtree(data, ignore_errors=True)

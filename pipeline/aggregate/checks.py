@@ -19,6 +19,8 @@ from pipeline.aggregate.layout import META_NAME, TABLE_NAMES, default_tables_dir
 from pipeline.store import tablestore
 from pipeline.store.run import AggregateError, Run, check_shard, iter_positions, open_runs
 from pipeline.store.schema import SCHEMA_VERSION, SchemaVersionError
+from pipeline.store.stamp import is_stamped, run_files, stamp, stamp_name
+from pipeline.store.tailbounds import TAIL_BOUNDS_NAME
 
 
 def _run_inputs(run: Run) -> dict:
@@ -276,5 +278,26 @@ def tables_disagree(run_dirs, tables_dir) -> str | None:
 def _current_tables(runs: list[Run], tables_dir: Path, fine_bins: int | None) -> str | None:
     """None when the tables at `tables_dir` are those of `runs`' shards as they
     are now (checksums, manifests, invariants and the shards' digest), else why not."""
+    name = _agreement_stamp(runs, tables_dir, fine_bins)
+    if is_stamped(name):
+        return None  # this user ran every check below on exactly these files
     reason = tables_status([r.run_dir for r in runs], tables_dir, fine_bins)
-    return reason if reason is not None else _shard_problem(runs, tables_dir)
+    reason = reason if reason is not None else _shard_problem(runs, tables_dir)
+    if reason is None:
+        stamp(name)
+    return reason
+
+
+def _agreement_stamp(runs: list[Run], tables_dir: Path, fine_bins: int | None) -> str | None:
+    """The verification stamp of "the tables at `tables_dir` are current for
+    `runs` and agree with their shards" (pipeline.store.stamp), named from the
+    stat of every file that decides it."""
+    tables = [tables_dir / META_NAME, *(tables_dir / f"{n}.parquet" for n in TABLE_NAMES)]
+    tail = tables_dir / TAIL_BOUNDS_NAME
+    if tail.exists():
+        tables.append(tail)
+    try:
+        inputs = [path for run in runs for path in run_files(run)]
+    except AggregateError:
+        return None  # a path leaving the run: the checks below name it
+    return stamp_name("tables-agree", [fine_bins, tail.exists()], [*tables, *inputs])

@@ -741,7 +741,14 @@ def require_complete(run_dir, partial: bool = False) -> dict:
             "pass --partial to measure what is there"
         )
     if is_run(run_dir):
-        # thorough: a full store's chunks too, though the tables may spare the
-        # command reading them (sha256 per file, cached within the process)
-        open_verified_run(run_dir, thorough=True)
+        from pipeline.store.stamp import is_stamped, run_files, stamp, stamp_name
+
+        # named from the files' stat before they are read: a file changed
+        # meanwhile no longer matches the stamp (pipeline.store.stamp)
+        name = stamp_name("verified-run", [], run_files(open_run(run_dir)))
+        if not is_stamped(name):
+            # thorough: a full store's chunks too, though the tables may spare the
+            # command reading them (sha256 per file, cached within the process)
+            open_verified_run(run_dir, thorough=True)
+            stamp(name)
     return info

@@ -365,8 +365,8 @@ def check_invariants(arrow: dict[str, pa.Table], meta: dict, where) -> None:
 
 def _per_key(table: pa.Table, key: str, column: str, size: int) -> np.ndarray:
     """Σ `column` grouped by the integer `key` into a dense vector of `size`."""
-    values = table.column(column).to_numpy()
-    sums = np.bincount(table.column(key).to_numpy(), weights=values, minlength=size)
+    values = column_numpy(table.column(column))
+    sums = np.bincount(column_numpy(table.column(key)), weights=values, minlength=size)
     return sums.astype(np.int64) if values.dtype.kind in "iu" else sums
 
 
@@ -384,7 +384,7 @@ def _cross_table_problems(cb, t1, tok, sb, n, k, f) -> list[str]:
     found = []
     p_class = _per_key(cb, "class_id", "p_sum", k)
     p_mass = np.zeros(k)
-    p_mass[tok.column("class_id").to_numpy()] = tok.column("p_mass").to_numpy()
+    p_mass[column_numpy(tok.column("class_id"))] = column_numpy(tok.column("p_mass"))
     bad = np.flatnonzero(~_close(p_class, p_mass, np.full(k, n)))
     if bad.size:
         found.append(
@@ -443,7 +443,9 @@ def _read_verified_file(path: Path, sha256: str | None, name: str | None = None)
     except OSError as err:
         raise TablesError(f"{path}: unreadable ({err})") from None
     try:
-        table = pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
+        # ParquetFile, not pq.read_table: that imports pyarrow.dataset and pandas
+        reader = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
+        table = reader.read()
     except (OSError, pa.ArrowException) as err:
         raise TablesError(f"{path}: damaged Parquet file ({err})") from err
     if name is not None:
@@ -597,7 +599,7 @@ class InputDigest:
         label_count = _per_key(tok, "class_id", "label_count", k)
         expect("tokens.label_count", label_count, self.label_count)
         doc_ids, doc_counts = self.documents()
-        seq_ids, inverse = np.unique(sb.column("seq_id").to_numpy(), return_inverse=True)
+        seq_ids, inverse = np.unique(column_numpy(sb.column("seq_id")), return_inverse=True)
         if not np.array_equal(seq_ids, doc_ids):
             found.append(
                 f"seq_bins.seq_id holds {seq_ids.size} documents, the shards {doc_ids.size}"
@@ -605,7 +607,7 @@ class InputDigest:
         else:
             for col in ("hits", "top1_n"):
                 got = np.bincount(
-                    inverse, weights=sb.column(col).to_numpy(), minlength=len(doc_ids)
+                    inverse, weights=column_numpy(sb.column(col)), minlength=len(doc_ids)
                 )
                 expect(f"seq_bins.{col} per document", got.astype(np.int64), doc_counts)
         return found

@@ -1,0 +1,113 @@
+"""Verification stamps: a check this user already ran on exactly these files.
+
+A stamp is an empty file in the user's private cache
+(``$XDG_CACHE_HOME/fullece/verified/``, 0700, owner-checked like the tables
+cache) whose name is the sha256 of what the check depended on: its kind and
+arguments, the fullece version, and for every file it read the real path and
+``(st_dev, st_ino, size, mtime_ns, ctime_ns)``. A later process that computes
+the same name from ``stat`` alone finds the stamp and skips the check (hashing
+every shard, reading every position for the input digest): its cost no longer
+grows with N. Any write to a file, a rename over it, a ``touch`` or a
+``utime`` changes its ctime (only root, or a changed clock, can set ctime), so
+the name changes and the check runs again. docs/trust.md, "Verification
+stamps", states what this detects and what it cannot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+STAMP_VERSION = 1
+# Files changed this recently may change again within one timestamp tick with
+# the same stat: no stamp then (git's "racy" rule; tablestore._RACY_NS).
+_RACY_NS = 2_000_000_000
+
+
+def file_fingerprints(path) -> list | None:
+    """[real path, dev, ino, size, mtime_ns, ctime_ns] of `path` and, for a
+    directory (a Zarr store), of every directory and file below it, sorted;
+    None when any is missing or unreadable."""
+    path = Path(path)
+    try:
+        found = [_fingerprint(path)]
+        if path.is_dir():
+            for root, dirs, files in os.walk(path):
+                dirs.sort()
+                found += [_fingerprint(Path(root) / name) for name in sorted(dirs + files)]
+    except OSError:
+        return None
+    return found
+
+
+def _fingerprint(path: Path) -> list:
+    st = os.stat(path)
+    return [
+        os.path.realpath(path),
+        st.st_dev,
+        st.st_ino,
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ctime_ns,
+    ]
+
+
+def stamp_name(kind: str, args, paths) -> str | None:
+    """The stamp's name for check `kind` with `args` over `paths` as they are
+    now; None when a file is missing or changed too recently to be stamped."""
+    from pipeline import __version__
+
+    found = []
+    for path in paths:
+        prints = file_fingerprints(path)
+        if prints is None:
+            return None
+        found += prints
+    newest = max((max(p[4], p[5]) for p in found), default=0)
+    if time.time_ns() - newest <= _RACY_NS:
+        return None
+    body = json.dumps([STAMP_VERSION, __version__, kind, args, found], default=str)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def _stamp_dir() -> Path:
+    from pipeline.aggregate.cache import private_cache_dir
+
+    return private_cache_dir("verified")
+
+
+def is_stamped(name: str | None) -> bool:
+    """Whether this user's cache holds stamp `name` (a regular file it owns)."""
+    if name is None:
+        return False
+    try:
+        st = os.lstat(_stamp_dir() / name)
+    except (OSError, ValueError):  # ValueError: the cache is refused (not private)
+        return False
+    return st.st_uid == os.getuid() and (st.st_mode & 0o170000) == 0o100000
+
+
+def stamp(name: str | None) -> None:
+    """Record stamp `name` (nothing when the cache cannot be used: the check
+    then simply runs again next time)."""
+    if name is None:
+        return
+    try:
+        fd = os.open(_stamp_dir() / name, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+    except (OSError, ValueError):
+        pass
+
+
+def run_files(run) -> list[Path]:
+    """manifest.json and every shard file a run's manifest lists (a Zarr store
+    as its directory: every file and directory below it)."""
+    from pipeline.store.run import inside_run
+
+    files = [run.run_dir / "manifest.json"]
+    for shard in run.shards:
+        files += [inside_run(run.run_dir, rel) for rel in sorted(shard.entry.get("files") or {})]
+    return files
