@@ -278,6 +278,31 @@ def test_run_metrics_match_dense(runs, store, from_positions):
     assert "entropy − NLL" in text and "adaptive ECE" in text
 
 
+@pytest.mark.parametrize("store", ["topk", "full"])
+def test_label_probability_zero_leaves_nll_undetermined(tmp_path, store):
+    """A label probability stored as 0 (float32 underflow) gives no point NLL, and the
+    note's lower bound is Σ −ln p over the others plus 150 ln 2 per zero, over N."""
+    from dataclasses import replace
+
+    case = dense_case(200, 40, seed=11)
+    logits = case.logits.astype(np.float32).copy()
+    zero_rows = np.array([3, 17, 150])
+    logits[zero_rows, case.labels[zero_rows]] = logits[zero_rows].max(axis=1) - 200.0
+    lse = float32_lse(logits)
+    probs = np.exp(logits - lse[:, None]).astype(np.float32)
+    assert (probs[zero_rows, case.labels[zero_rows]] == 0).all()
+    case = replace(case, logits=logits, lse=lse, probs=probs)
+    write_run(tmp_path / store, case, store=store, k=5)
+    result = json.loads(json.dumps(metrics_for_run(tmp_path / store, (10,), quiet=True)))
+    assert result["nll"] is None and result["perplexity"] is None
+    label_p = probs[np.arange(case.n), case.labels].astype(np.float64)
+    finite = label_p > 0
+    lower = (float(-np.log(label_p[finite]).sum()) + 3 * 150 * math.log(2)) / case.n
+    (note,) = [n for n in result["notes"] if n.startswith("nll, perplexity: null")]
+    assert "3 position(s)" in note and f"{lower:.6g}" in note
+    assert all(row["ece"] is not None for row in result["bins"])
+
+
 def test_metrics_json_keys_follow_registry_and_schema(runs):
     base, _ = runs
     schema = json.loads((ROOT / "schemas" / "metrics.v1.schema.json").read_text())

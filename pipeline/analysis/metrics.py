@@ -178,6 +178,13 @@ def metrics_for_run(
             )
         if scores["entropy"] is None:
             notes.append("entropy: not stored for every position: entropy_bounds from the tail")
+        if scores.get("label_prob_zero"):
+            notes.append(
+                f"nll, perplexity: null: {scores['label_prob_zero']} position(s) store the "
+                "label's probability as 0 (float32 underflow, or a dump that said 0), so the "
+                f"data do not determine NLL; it is at least {scores['nll_lower']:.6g} nats "
+                "(−ln p ≥ 150 ln 2 for each such position), +inf if the model gave 0"
+            )
     result["bins"] = ordered
     result["rsd"] = rsd_of_rows(ordered)
     rsd_note = _rsd_note(result["rsd"])

@@ -62,7 +62,8 @@ class PositionScan:
 
             self.mass_sq = {m: np.zeros(m) for m in floor_bins_of(fine_bins)}
         self.n = 0
-        self.nll = 0.0
+        self.nll = 0.0  # over the positions whose label probability is stored > 0
+        self.label_prob_zero = 0
         self.brier = [0.0, 0.0]
         self.entropy = [0.0, 0.0]
         self.brier_exact = True
@@ -81,7 +82,9 @@ class PositionScan:
         if dense is None and "kept_probs" not in col and _needs_kept(col):
             raise _NeedsKept  # before any sum moved: the caller reads kept_probs too
         label_p = column_numpy(col["label_prob"]).astype(np.float64)
-        self.nll += float(-np.log(label_p).sum())
+        zero = label_p == 0.0  # -ln 0 would make the sum (and JSON's null) say nothing
+        self.label_prob_zero += int(zero.sum())
+        self.nll += float(-np.log(label_p[~zero]).sum())
         if self.keep_pairs:
             self.conf.append(np.asarray(column_numpy(col["top1_prob"]), np.float32))
             self.correct.append(column_numpy(col["top1_id"]) == column_numpy(col["label"]))
@@ -160,6 +163,7 @@ class PositionScan:
         return {
             "positions": self.n,
             "nll_sum": self.nll,
+            "label_prob_zero": self.label_prob_zero,
             "brier_sum": list(self.brier),
             "entropy_sum": list(self.entropy),
             "brier_exact": self.brier_exact,
@@ -184,17 +188,26 @@ class PositionScan:
         return adaptive_ece_formula(conf, hit, n_bins)
 
 
+NLL_OF_FLOAT32_ZERO = 150 * math.log(2)  # -ln of the largest p that float32 rounds to 0
+
+
 def scores_of_sums(sums: dict) -> dict:
     """nll, perplexity, brier and entropy (with intervals) from :meth:`PositionScan.sums`."""
     n = sums["positions"]
     if n == 0:
         raise ValueError("no positions to score")
-    nll = sums["nll_sum"] / n
+    # A label probability stored as 0 leaves NLL undetermined: float32 underflow
+    # (p <= 2^-150, so -ln p >= 150 ln 2) or a model that gave the label nothing (+inf).
+    zero = sums["label_prob_zero"]
+    nll_lower = (sums["nll_sum"] + zero * NLL_OF_FLOAT32_ZERO) / n
+    nll = None if zero else sums["nll_sum"] / n
     brier = [sums["brier_sum"][0] / n, sums["brier_sum"][1] / n]
     entropy = [sums["entropy_sum"][0] / n, sums["entropy_sum"][1] / n]
     return {
         "nll": nll,
-        "perplexity": math.exp(nll) if nll < 709 else math.inf,
+        "perplexity": None if nll is None else math.exp(nll) if nll < 709 else math.inf,
+        "label_prob_zero": zero,
+        "nll_lower": nll_lower,
         "brier": brier[0] if sums["brier_exact"] else None,
         "brier_bounds": brier,
         "entropy": entropy[0] if sums["entropy_exact"] else None,
@@ -323,7 +336,7 @@ def _scan_runs(
 # ---- the run-level sums kept beside the tables ------------------------------------
 
 SCORES_NAME = "scores.json"
-SCORES_VERSION = 2  # 2: with bin_mass_sq (Full-ECE's noise floor); 1 is rescanned
+SCORES_VERSION = 3  # 2: bin_mass_sq (Full-ECE's floor); 3: label_prob_zero. Older: rescanned
 
 
 def _inputs_key(meta: dict) -> str:
