@@ -116,6 +116,9 @@ def test_mlflow_snippet(tiny, tmp_path, monkeypatch):
     metric.update(logits, labels)
     probs = probs_of_record(logits)
     mlflow.set_tracking_uri(uri)
+    # an earlier test's experiment (the Trainer's MLflow callback sets one) stays the
+    # process's active one; it does not exist in this new store
+    mlflow.set_experiment("scale-docs")
     try:
         with mlflow.start_run() as run:
             exec(_block("mlflow.log_metrics"), {"metric": metric, "step": 3})
