@@ -184,8 +184,16 @@ class LineProgress(_Bar):
         elapsed = self._clock() - self._t0
         rate = (self.n - self._start_n) / elapsed if elapsed > 0 else 0.0
         postfix = f", {self.postfix}" if self.postfix else ""
+        # closed while an exception unwinds (a finally, an except): the work did not finish
+        failing = sys.exc_info()[1]
+        if failing is None:
+            head = "done"
+        elif isinstance(failing, KeyboardInterrupt):
+            head = "interrupted"
+        else:
+            head = "stopped by an error"
         self._write(
-            f"{self.desc}: done, {self.n:,} {self.unit} in {_clock_text(elapsed)}, "
+            f"{self.desc}: {head}, {self.n:,} {self.unit} in {_clock_text(elapsed)}, "
             f"{rate:,.1f} {self.unit}/s{postfix}"
         )
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from pipeline import PAPER_BINS
 from pipeline.core.registry import PAPER_METRICS
+from pipeline.progress import notice
 
 RELIABILITY_BINS = 10
 COLORS = (
@@ -753,6 +754,7 @@ def write_report(run_dirs, out_dir, *, quiet: bool = False, force: bool = False)
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_record(out_dir, {**record, **dict.fromkeys(names)})
     runs = [prepare_run(d, quiet=quiet) for d in run_dirs]
+    notice(f"report: drawing the figures into {out_dir} ...", not quiet)
     figures = [
         (
             "Top-1 reliability diagram",

@@ -181,13 +181,15 @@ def _resume_words(out: str, started_ns: int, overwrite: bool):
 
 
 def _kept_text(out: str) -> str:
-    """'4,000 positions in 2 committed shards kept; ' from the run's manifest."""
+    """'4,000 positions in 2 committed shards kept; ' (from the run's manifest)."""
     from pipeline.store.manifest import RunError, load_manifest
 
     try:
         shards = load_manifest(out).get("shards") or []
     except (RunError, OSError, ValueError):  # no manifest yet: nothing committed
         shards = []
+    if not shards:
+        return "nothing committed yet; "
     rows = sum(int(s.get("rows", 0)) for s in shards)
     plural = "" if len(shards) == 1 else "s"
     return f"{rows:,} positions in {len(shards)} committed shard{plural} kept; "
