@@ -658,7 +658,7 @@ def time_map(run_dir: Path) -> list[float]:
     """Seconds of the map step per shard (one thread: pyarrow and the kernel)."""
     import pyarrow
 
-    from pipeline.aggregate.executor import _aggregate_topk_shard
+    from pipeline.aggregate.shard_map import _aggregate_topk_shard
     from pipeline.store.run import open_run
 
     pyarrow.set_cpu_count(1)
@@ -707,7 +707,7 @@ def linked_run(src: Path, dst: Path, shards: int) -> Path:
 
 def bench_scale(data: Path, s: dict) -> dict:
     """Map throughput per shard size; reduce time against the number of shards."""
-    from pipeline.aggregate import executor
+    from pipeline.aggregate import reduce, shard_map
     from pipeline.store.run import open_runs
 
     out = {"settings": s, "map": [], "reduce": []}
@@ -745,7 +745,7 @@ def bench_scale(data: Path, s: dict) -> dict:
         tables = run_dir / "tables"
         tables.mkdir(exist_ok=True)
         t0 = time.perf_counter()
-        parts, _ = executor.build_parts(runs, None, DEFAULT_FINE_BINS_, progress=False)
+        parts, _ = shard_map.build_parts(runs, None, DEFAULT_FINE_BINS_, progress=False)
         t_map = time.perf_counter() - t0
         part_rows = sum(
             pq.read_metadata(p / f"{name}.parquet").num_rows
@@ -755,7 +755,7 @@ def bench_scale(data: Path, s: dict) -> dict:
         times = []
         for _ in range(2):
             t0 = time.perf_counter()
-            executor._reduce(parts, tables / "out", runs, DEFAULT_FINE_BINS_, "1GB", tables)
+            reduce._reduce(parts, tables / "out", runs, DEFAULT_FINE_BINS_, "1GB", tables)
             times.append(time.perf_counter() - t0)
         best = min(times)
         entry = {
@@ -767,7 +767,7 @@ def bench_scale(data: Path, s: dict) -> dict:
             "reduce_seconds": best,
             "reduce_rows_per_second": part_rows / best,
             "reduce_threads": os.cpu_count(),
-            "reduce_engine": executor.reduce_engine(part_rows, "1GB"),
+            "reduce_engine": reduce.reduce_engine(part_rows, "1GB"),
         }
         out["reduce"].append(entry)
         print(

@@ -103,7 +103,7 @@ def test_incremental_parts(tmp_path, case, monkeypatch):
     assert parts == ["00000", "00001", "00002"]
     assert tables_status([run]) is None
 
-    import pipeline.aggregate.executor as agg
+    import pipeline.aggregate.shard_map as agg
 
     calls = []
     original = agg._aggregate_topk_shard
@@ -231,7 +231,7 @@ def test_cli(tmp_path, case):
 
 
 def _force_map_workers(monkeypatch, workers):
-    import pipeline.aggregate.executor as agg
+    import pipeline.aggregate.shard_map as agg
 
     original = agg._map_topk_shards
     monkeypatch.setattr(
@@ -277,7 +277,7 @@ def test_parallel_map_error_names_its_shard(tmp_path, case, monkeypatch):
 def test_duckdb_reduce_gets_the_memory_this_process_does_not_hold():
     """--memory-limit bounds the whole process: DuckDB's reduce is given the
     limit less this process's resident memory (at least 16MB)."""
-    from pipeline.aggregate.executor import _resident_bytes, duckdb_memory_limit, limit_bytes
+    from pipeline.aggregate.reduce import _resident_bytes, duckdb_memory_limit, limit_bytes
 
     resident = _resident_bytes()
     assert resident and resident > 10**6

@@ -231,7 +231,7 @@ def test_full_store_matches_dense_reference(models, corpus, tmp_path):
 
 
 def test_full_store_bfloat16_kept_as_float16(tmp_path, corpus):
-    from pipeline.store.shards import open_logits
+    from tests.helpers.shard_readers import open_logits
 
     model = build_llama(tmp_path / "bf16", scale=0.5, dtype=torch.bfloat16)
     run = tmp_path / "run"

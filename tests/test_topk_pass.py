@@ -182,12 +182,12 @@ def test_grouping_through_every_growth_path(tmp_path, monkeypatch):
 def test_reduce_in_memory_equals_duckdb(tmp_path, case, monkeypatch):
     """The in-memory reduce (BinTables) and the spilling DuckDB reduce, used past
     the memory budget, write the same tables; both equal the metric core's."""
-    from pipeline.aggregate import executor
+    from pipeline.aggregate import reduce
 
     run = tmp_path / "run"
     manifest = write_run(run, case, k=4, shard_rows=45)  # 5 shards
     in_memory = aggregate_runs([run], out=tmp_path / "memory")
-    monkeypatch.setattr(executor, "_REDUCE_ROW_BYTES", 10**12)  # nothing fits: DuckDB
+    monkeypatch.setattr(reduce, "_REDUCE_ROW_BYTES", 10**12)  # nothing fits: DuckDB
     spilled = aggregate_runs([run], out=tmp_path / "duckdb")
     assert_table_columns_equal(in_memory, spilled)
     acc = CalibrationAccumulator(vocab_size=manifest["vocab_size"])
@@ -201,7 +201,7 @@ def test_reduce_in_memory_equals_duckdb(tmp_path, case, monkeypatch):
      ("100", None), ("100B", None), ("lots", None), ("1PB", None)],
 )  # fmt: skip
 def test_memory_limit_parsing(text, expected):
-    from pipeline.aggregate.executor import limit_bytes
+    from pipeline.aggregate.reduce import limit_bytes
 
     assert limit_bytes(text) == expected
 

@@ -61,17 +61,18 @@ def cli(*args):
 
 def make_unwritable(monkeypatch, d: Path) -> None:
     """Make run directory `d` unwritable for fullece (as root, chmod does not)."""
-    import pipeline.aggregate.executor as executor
+    from pipeline.aggregate import layout, tables
 
-    real = executor._writable
+    real = layout._writable
     root = d.resolve()
-    monkeypatch.setattr(
-        executor,
-        "_writable",
-        lambda p: (
+
+    def writable(p):
+        return (
             False if (root == Path(p).resolve() or root in Path(p).resolve().parents) else real(p)
-        ),
-    )
+        )
+
+    for module in (layout, tables):  # every module that asks
+        monkeypatch.setattr(module, "_writable", writable)
 
 
 def metrics_json(run_dir, *extra):

@@ -1,23 +1,24 @@
 """Stage 2: shards -> bin tables, map (per shard) then reduce (sum).
 
-``sql`` holds the pure SQL builders, ``executor`` runs them (DuckDB) and the
-dense path for full-vocabulary shards (the metric core's accumulator).
+Rooms: ``tables`` (``aggregate``, ``ensure_tables``: the front door),
+``shard_map`` (one shard -> partial tables), ``reduce`` (partial tables -> the
+tables), ``checks`` (mergeable runs, current tables, agreement with the
+shards), ``layout`` (where tables, parts and scratch files go), ``cache`` (the
+user's private cache); ``sql`` holds the pure SQL builders.
 """
 
-from pipeline.aggregate.executor import (
-    DEFAULT_MEMORY_LIMIT,
-    TABLE_NAMES,
+from pipeline.aggregate.checks import tables_status
+from pipeline.aggregate.layout import TABLE_NAMES, default_tables_dir, tables_dir_of
+from pipeline.aggregate.reduce import DEFAULT_MEMORY_LIMIT
+from pipeline.aggregate.shard_map import build_parts
+from pipeline.aggregate.sql import bin_sql
+from pipeline.aggregate.tables import (
     aggregate,
     aggregate_runs,
-    build_parts,
-    default_tables_dir,
     ensure_tables,
     load_run_tables,
     read_tables_meta,
-    tables_dir_of,
-    tables_status,
 )
-from pipeline.aggregate.sql import bin_sql
 from pipeline.store.run import AggregateError, iter_logit_blocks, open_run, open_runs
 
 __all__ = [

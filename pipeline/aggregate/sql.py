@@ -1,6 +1,6 @@
 """SQL builders of the aggregation (pure functions: strings in, SQL out).
 
-Every query the executor runs is built here, so the binning rule in SQL and the
+Every query the aggregate stage runs is built here, so the binning rule in SQL and the
 table layouts can be read (and tested) in one place. See docs/design.md.
 """
 
@@ -19,7 +19,7 @@ def bin_sql(expr: str, fine_bins: int) -> str:
 def topk_part_sql(pos: str, tail: str | None, fine_bins: int) -> dict[str, str]:
     """SQL of the four partial tables of one top-k shard.
 
-    The executor computes the same tables in one compiled pass
+    The map step (``shard_map``) computes the same tables in one compiled pass
     (``pipeline.aggregate.topk_pass``, several times faster); this is their
     definition in SQL, for reading and for checking that pass against.
     """

@@ -16,7 +16,7 @@ from pipeline.store.schema import SchemaVersionError
 
 
 def _memory_limit(ctx, param, value: str) -> str:
-    from pipeline.aggregate.executor import check_memory_limit
+    from pipeline.aggregate.reduce import check_memory_limit
 
     try:
         check_memory_limit(value)

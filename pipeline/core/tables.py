@@ -58,6 +58,25 @@ TABLE_FIELDS: dict[str, tuple[TableField, ...]] = {
 }
 
 
+# Version of the on-disk formats (tables, positions, class_tail), recorded in
+# every file's metadata; pipeline.store.schema re-exports it.
+SCHEMA_VERSION = 1
+
+
+def bin_table_schema(name: str) -> pa.Schema:
+    """Arrow schema of a bin table, from its one declaration (TABLE_FIELDS)."""
+    return pa.schema(
+        [
+            pa.field(f.name, pa.from_numpy_dtype(np.dtype(f.dtype)), nullable=False)
+            for f in TABLE_FIELDS[name]
+        ],
+        metadata={"fullece.table": name, "fullece.schema_version": str(SCHEMA_VERSION)},
+    )
+
+
+BIN_TABLE_SCHEMAS = {name: bin_table_schema(name) for name in TABLE_FIELDS}
+
+
 def value_fields(table: str) -> tuple[TableField, ...]:
     return tuple(f for f in TABLE_FIELDS[table] if not f.key)
 
@@ -341,11 +360,9 @@ def _column(table: pa.Table, name: str, dtype) -> np.ndarray:
 
 
 def _arrow_table(name: str, columns: dict) -> pa.Table:
-    from pipeline.store.schema import TABLE_SCHEMAS
-
     return pa.table(
         {f.name: np.asarray(columns[f.name]).astype(f.dtype) for f in TABLE_FIELDS[name]},
-        schema=TABLE_SCHEMAS[name],
+        schema=BIN_TABLE_SCHEMAS[name],
     )
 
 
@@ -412,9 +429,7 @@ def sparse_merge_arrow(
 
 
 def _empty(name: str) -> pa.Table:
-    from pipeline.store.schema import TABLE_SCHEMAS
-
-    return TABLE_SCHEMAS[name].empty_table()
+    return BIN_TABLE_SCHEMAS[name].empty_table()
 
 
 def sparse_to_arrow(bins: SparseBins, name: str) -> pa.Table:

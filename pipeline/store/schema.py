@@ -17,12 +17,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 
-from pipeline.core.tables import TABLE_FIELDS
+from pipeline.core.tables import BIN_TABLE_SCHEMAS, SCHEMA_VERSION
 
-SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 # The positions table has its own version: v2 adds `sum_p2`. Runs written
 # before it (v1) still open everywhere; writers always write the newest.
@@ -86,24 +84,13 @@ CLASS_TAIL = pa.schema(
 )
 
 
-def _bin_table_schema(name: str) -> pa.Schema:
-    """Arrow schema of a bin table, from its one declaration (core.tables.TABLE_FIELDS)."""
-    return pa.schema(
-        [
-            pa.field(f.name, pa.from_numpy_dtype(np.dtype(f.dtype)), nullable=False)
-            for f in TABLE_FIELDS[name]
-        ],
-        metadata={"fullece.table": name, "fullece.schema_version": str(SCHEMA_VERSION)},
-    )
-
-
 # Bin tables (docs/design.md, "The bin tables"); `bin` is the 1-based fine bin
 # in 1..F. seq_bins is per sequence (document), per fine bin: pooled over
 # classes (Full-ECE) and top-1 (ECE), so bootstrap over sequences needs nothing else.
-CLASS_BINS = _bin_table_schema("class_bins")
-TOP1_BINS = _bin_table_schema("top1_bins")
-TOKENS = _bin_table_schema("tokens")
-SEQ_BINS = _bin_table_schema("seq_bins")
+CLASS_BINS = BIN_TABLE_SCHEMAS["class_bins"]
+TOP1_BINS = BIN_TABLE_SCHEMAS["top1_bins"]
+TOKENS = BIN_TABLE_SCHEMAS["tokens"]
+SEQ_BINS = BIN_TABLE_SCHEMAS["seq_bins"]
 
 TABLE_SCHEMAS = {
     "positions": POSITIONS,

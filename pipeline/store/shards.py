@@ -24,7 +24,6 @@ from pipeline.store.schema import (
     POSITIONS,
     POSITIONS_V1,
     SCHEMA_VERSION,
-    check_table_schema,
     check_version,
 )
 
@@ -211,38 +210,6 @@ def create_logits_store(path, rows: int, vocab_size: int, dtype, chunk_rows: int
 
 
 # ----------------------------------------------------------------- reading
-
-
-def _shard_path(run_dir, shard: dict, key: str) -> Path:
-    rel = shard.get(key)
-    if not rel:
-        raise ValueError(f"shard {shard.get('index')} has no {key} file in this run")
-    from pipeline.store.run import inside_run
-
-    return inside_run(Path(run_dir), rel)
-
-
-def _verify(run_dir, shard: dict, key: str) -> None:
-    """The file against the manifest's sha256 (Zarr with crc32c: verified on read)."""
-    from pipeline.store.run import verify_file
-
-    verify_file(run_dir, shard, shard[key])
-
-
-def open_positions(run_dir, shard: dict) -> pq.ParquetFile:
-    """The positions Parquet file of a shard, its schema and version checked."""
-    path = _shard_path(run_dir, shard, "positions")
-    pf = pq.ParquetFile(str(path), page_checksum_verification=True)
-    check_table_schema(pf.schema_arrow, "positions", str(path))
-    _verify(run_dir, shard, "positions")
-    return pf
-
-
-def open_logits(run_dir, shard: dict):
-    """(logits, logsumexp) Zarr arrays of a full-store shard (read-only), verified."""
-    arrays = open_logits_group(_shard_path(run_dir, shard, "logits"))
-    _verify(run_dir, shard, "logits")
-    return arrays
 
 
 def open_logits_group(

@@ -167,7 +167,7 @@ def shard_data_problems(shard) -> list[str]:
     import tempfile
 
     from pipeline import DEFAULT_FINE_BINS
-    from pipeline.aggregate.executor import _aggregate_full_shard, _aggregate_topk_shard
+    from pipeline.aggregate.shard_map import _aggregate_full_shard, _aggregate_topk_shard
     from pipeline.store.run import AggregateError, iter_positions, open_positions, value_columns
 
     try:
@@ -191,7 +191,8 @@ def table_problems(run_dir) -> list[str]:
     """Problems of RUN_DIR/tables (none when there are no tables yet): damaged
     table files, or tables that claim to be this run's current tables but
     disagree with its shards (forged). Stale tables are a notice (table_notices)."""
-    from pipeline.aggregate.executor import TABLES_DIR, tables_disagree, tables_status
+    from pipeline.aggregate.checks import tables_disagree, tables_status
+    from pipeline.aggregate.layout import TABLES_DIR
     from pipeline.store import tablestore
 
     tables_dir = Path(run_dir) / TABLES_DIR
@@ -216,7 +217,8 @@ def table_notices(run_dir) -> list[str]:
     """Notices on RUN_DIR/tables of a valid run: tables built from other shards
     than the run's (stale). Stale tables make no run invalid: the next command
     that needs them rebuilds them."""
-    from pipeline.aggregate.executor import TABLES_DIR, tables_status
+    from pipeline.aggregate.checks import tables_status
+    from pipeline.aggregate.layout import TABLES_DIR
     from pipeline.store import tablestore
 
     tables_dir = Path(run_dir) / TABLES_DIR

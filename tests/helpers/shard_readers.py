@@ -3,12 +3,43 @@ counterpart of ``fullece aggregate``); the tool itself aggregates with DuckDB.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.store.run import inside_run, verify_file
 from pipeline.store.schema import check_table_schema
-from pipeline.store.shards import _shard_path, open_logits, open_positions
+from pipeline.store.shards import open_logits_group
+
+
+def _shard_path(run_dir, shard: dict, key: str) -> Path:
+    rel = shard.get(key)
+    if not rel:
+        raise ValueError(f"shard {shard.get('index')} has no {key} file in this run")
+    return inside_run(Path(run_dir), rel)
+
+
+def _verify(run_dir, shard: dict, key: str) -> None:
+    """The file against the manifest's sha256 (Zarr with crc32c: verified on read)."""
+    verify_file(run_dir, shard, shard[key])
+
+
+def open_positions(run_dir, shard: dict) -> pq.ParquetFile:
+    """The positions Parquet file of a shard, its schema and version checked."""
+    path = _shard_path(run_dir, shard, "positions")
+    pf = pq.ParquetFile(str(path), page_checksum_verification=True)
+    check_table_schema(pf.schema_arrow, "positions", str(path))
+    _verify(run_dir, shard, "positions")
+    return pf
+
+
+def open_logits(run_dir, shard: dict):
+    """(logits, logsumexp) Zarr arrays of a full-store shard (read-only), verified."""
+    arrays = open_logits_group(_shard_path(run_dir, shard, "logits"))
+    _verify(run_dir, shard, "logits")
+    return arrays
 
 
 def _manifest(run_dir, manifest):
