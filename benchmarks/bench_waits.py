@@ -39,12 +39,16 @@ def _fullece() -> str:
     return str(exe) if exe.exists() else shutil.which("fullece") or "fullece"
 
 
-def _set_width(fd: int, cols: int = 120) -> None:
+def _set_terminal(fd: int, cols: int = 120) -> None:
+    """A 120-column terminal that passes "\n" as written (no "\r\n")."""
     import fcntl
     import struct
     import termios
 
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, cols, 0, 0))
+    attrs = termios.tcgetattr(fd)
+    attrs[1] &= ~termios.ONLCR
+    termios.tcsetattr(fd, termios.TCSANOW, attrs)
 
 
 def timestamped_stderr(argv: list[str], env: dict | None = None, cwd=None) -> dict:
@@ -56,7 +60,7 @@ def timestamped_stderr(argv: list[str], env: dict | None = None, cwd=None) -> di
     import re
 
     master, slave = pty.openpty()
-    _set_width(slave)
+    _set_terminal(slave)
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         argv, stdout=subprocess.DEVNULL, stderr=slave, stdin=subprocess.DEVNULL, env=env, cwd=cwd
@@ -76,6 +80,7 @@ def timestamped_stderr(argv: list[str], env: dict | None = None, cwd=None) -> di
         if not data:
             break
         now = round(time.perf_counter() - t0, 3)
+        before = len(updates)
         for part in re.split(r"([\r\n])", data):
             if part == "\n":
                 if line.strip():
@@ -86,7 +91,8 @@ def timestamped_stderr(argv: list[str], env: dict | None = None, cwd=None) -> di
                 line = ""
             else:
                 line += part
-        updates.append((now, _clean(line) if line.strip() else last_line))
+        if line.strip() or len(updates) == before:  # a bar drawn, or a line cleared
+            updates.append((now, _clean(line) if line.strip() else last_line))
     rc = proc.wait()
     wall = time.perf_counter() - t0
     os.close(master)

@@ -214,9 +214,12 @@ def _progress_lines(text: str) -> dict:
 # command that needs its tables (the aggregate bar); `report` then scans the
 # positions (`metrics` reads the tables only: its sums were taken at aggregation)
 COMMANDS = {
-    "aggregate": (["aggregate", "{topk}"], {"aggregate": 1}),
-    "metrics": (["metrics", "{full}"], {"aggregate": 1}),
-    "report": (["report", "{topk}", "--out", "{out}"], {"aggregate": 1, "positions": 1}),
+    "aggregate": (["aggregate", "{topk}"], {"aggregate": 1, "aggregate scores": 1}),
+    "metrics": (["metrics", "{full}"], {"aggregate": 1, "aggregate scores": 1}),
+    "report": (
+        ["report", "{topk}", "--out", "{out}"],
+        {"aggregate": 1, "aggregate scores": 1, "positions": 1},
+    ),
     "temperature": (["temperature", "{full}"], None),  # numbered passes: see the test
 }
 

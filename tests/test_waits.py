@@ -323,3 +323,33 @@ def test_temperature_bars_are_numbered_and_say_what_they_do(runs, tmp_path):
     assert done[0] == "temperature pass 1 (grid of 17 T)"
     assert done[1] == "temperature pass 2 (locating T*)"
     assert _notices(text)[0].startswith("fullece: temperature: verifying 6 shards ("), text
+
+
+# ------------------------------------------------------------------ the kernel
+
+
+def test_warm_up_compiles_every_kernel_the_map_step_uses(tmp_path):
+    """After `warm_up`, aggregating a real run adds no kernel specialization:
+    the map step's bar never waits for numba (a fresh process: fresh dispatchers)."""
+    run = tmp_path / "run"
+    write_run(run, dense_case(n=400), store="topk", k=40)
+    code = f"""
+import json
+from pipeline.aggregate import _topk_kernel as kernels, aggregate, topk_pass
+names = [n for n in dir(kernels) if hasattr(getattr(kernels, n), "signatures")]
+hints = dict(topk_pass._capacity_hint)
+topk_pass.warm_up(1000)
+assert topk_pass._capacity_hint == hints
+warm = {{n: len(getattr(kernels, n).signatures) for n in names}}
+aggregate({str(run)!r}, progress=False)
+print(json.dumps([warm, {{n: len(getattr(kernels, n).signatures) for n in names}}]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    warm, after = json.loads(done.stdout)
+    assert warm == after
+    assert {"batch", "insert", "partition", "flush", "class_table"} <= {
+        n for n, c in warm.items() if c
+    }

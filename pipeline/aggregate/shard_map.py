@@ -301,6 +301,12 @@ def build_parts(
     total = sum(s.rows for _, s, _ in todo)
     topk = [t for t in todo if t[1].store == "topk"]
     metas = {}
+    if topk:
+        from pipeline.aggregate.topk_pass import warm_up
+        from pipeline.progress import notice
+
+        notice("aggregate: loading the aggregation kernel (compiled on first use) ...", progress)
+        warm_up(fine_bins)
     with _progress(total, "aggregate", progress) as bar:
         for _run, shard, part_dir in todo:
             if shard.store != "topk":

@@ -219,7 +219,9 @@ def scan_run(run_dir, *, progress: bool = False, keep_pairs: bool = True) -> Pos
     return _scan_runs([open_verified_run(run_dir)], progress=progress, keep_pairs=keep_pairs)
 
 
-def _scan_runs(runs, *, progress: bool = False, keep_pairs: bool = True) -> PositionScan:
+def _scan_runs(
+    runs, *, progress: bool = False, keep_pairs: bool = True, name: str = "positions"
+) -> PositionScan:
     from pipeline.store.run import iter_positions, open_positions
 
     scan = PositionScan(keep_pairs)
@@ -227,7 +229,7 @@ def _scan_runs(runs, *, progress: bool = False, keep_pairs: bool = True) -> Posi
     if progress:
         from pipeline.progress import progress_bar
 
-        bar = progress_bar("positions", total=sum(s.rows for run in runs for s in run.shards))
+        bar = progress_bar(name, total=sum(s.rows for run in runs for s in run.shards))
     for run, shard in ((r, s) for r in runs for s in r.shards):
         if shard.rows == 0:
             continue
@@ -289,14 +291,14 @@ def _scores_path(meta: dict) -> Path:
     return private_cache_dir("scores") / f"{_inputs_key(meta)}.json"
 
 
-def write_scores(runs, tables_dir, meta: dict) -> dict:
+def write_scores(runs, tables_dir, meta: dict, *, progress: bool = False) -> dict:
     """Scan the runs' (verified) positions once for the NLL, Brier and entropy
     sums and keep them in the user's cache (see _scores_path), so that
     ``fullece metrics`` never reads a position again. Written atomically;
     returns the sums. `tables_dir` is unused: kept for the callers' order."""
     from pipeline.store import atomic
 
-    sums = _scan_runs(runs, keep_pairs=False).sums()
+    sums = _scan_runs(runs, progress=progress, keep_pairs=False, name="aggregate scores").sums()
     record = {"schema_version": SCORES_VERSION, "inputs": _inputs_key(meta), **sums}
     atomic.write_json(_scores_path(meta), record)
     return sums

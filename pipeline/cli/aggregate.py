@@ -80,9 +80,7 @@ def aggregate_command(run_dirs, out, fine_bins, memory_limit, quiet, allow_mixed
     t0 = time.perf_counter()
     shards = shards_text(run_dirs)
     notice(
-        f"aggregate: verifying {shards or 'the shards'} against the manifest, then building the "
-        "partial tables of new shards (the first aggregate compiles the aggregation kernel: "
-        "seconds to a minute) and summing them ...",
+        f"aggregate: verifying {shards or 'the shards'} against the manifest ...",
         not quiet,
     )
     how = (
