@@ -353,3 +353,28 @@ print(json.dumps([warm, {{n: len(getattr(kernels, n).signatures) for n in names}
     assert {"batch", "insert", "partition", "flush", "class_table"} <= {
         n for n, c in warm.items() if c
     }
+
+
+# ------------------------------------------------------------- the measurement
+
+
+def test_bench_waits_timestamps_what_a_terminal_shows():
+    """bench_waits' reader: a notice, then a bar drawn "\\r"-first (as tqdm
+    does) that waits at 0%: each update is seen when written, the wait after
+    the notice is announced, the one at 0% is not."""
+    from benchmarks.bench_waits import gaps, timestamped_stderr
+
+    code = (
+        "import sys, time; w = sys.stderr.write\n"
+        "w('fullece: preparing ...\\n'); sys.stderr.flush(); time.sleep(0.6)\n"
+        "w('\\rwork:   0%'); sys.stderr.flush(); time.sleep(0.6)\n"
+        "w('\\rwork: 100%'); w('\\n'); sys.stderr.flush()\n"
+    )
+    run = timestamped_stderr([sys.executable, "-c", code])
+    assert run["rc"] == 0
+    texts = [text for _, text in run["updates"]]
+    assert texts == ["fullece: preparing ...", "work:   0%", "work: 100%"], run
+    measured = gaps(run)
+    assert [g["showing"] for g in measured][1:3] == ["fullece: preparing ...", "work:   0%"]
+    assert measured[1]["announced"] and not measured[2]["announced"]
+    assert measured[1]["seconds"] >= 0.5 and measured[2]["seconds"] >= 0.5  # the sleeps
