@@ -98,12 +98,12 @@ def _resume_argv(text: str) -> list[str]:
     return argv
 
 
-def _check_interrupted(rc: int, text: str, words: str, args) -> list[str]:
+def _check_interrupted(rc: int, text: str, words: str) -> list[str]:
+    """Exit 130, no traceback, `words` on the last line; the command it prints."""
     assert rc == 130, text
     assert "Traceback" not in text and "Aborted!" not in text, text
     assert words in text.splitlines()[-1], text
-    argv = _resume_argv(text)
-    return argv
+    return _resume_argv(text)
 
 
 # ------------------------------------------------------------------ extract
@@ -209,7 +209,7 @@ def test_ctrl_c_during_extract_prints_the_command_that_resumes(
     out = tmp_path / "run"
     args = _extract_args(model, corpus, out, *(["--overwrite"] if overwrite else []))
     rc, text = _interrupt(args, tmp_path, lambda _: _committed(out))
-    resume = _check_interrupted(rc, text, "resuming is built in: the same command", args)
+    resume = _check_interrupted(rc, text, "resuming is built in: the same command")
     # the same command; with --overwrite, the same less --overwrite (it would start over)
     assert resume == ["fullece", *[a for a in args if a != "--overwrite"]], text
     assert ("without --overwrite" in text) == overwrite, text
@@ -264,7 +264,7 @@ def test_ctrl_c_during_aggregate_resumes(runs, tmp_path):
     assert rc == 0, text
     args = ["aggregate", str(run)]
     rc, text = _interrupt(args, tmp_path, _announced("fullece: aggregate: verifying 6 shards"))
-    resume = _check_interrupted(rc, text, "kept and reused; the same command resumes", args)
+    resume = _check_interrupted(rc, text, "kept and reused; the same command resumes")
     assert resume == ["fullece", *args]
     assert not (run / "tables" / "meta.json").exists()
     rc, _, text = _run(resume[1:], tmp_path, "1", "resume.txt")
@@ -279,7 +279,7 @@ def test_ctrl_c_during_temperature_says_it_starts_over(runs, tmp_path):
     run = _fresh_copy(runs, "full", tmp_path)
     args = ["temperature", str(run), "--json"]
     rc, text = _interrupt(args, tmp_path, _announced("fullece: temperature: verifying"))
-    resume = _check_interrupted(rc, text, "temperature keeps nothing between runs", args)
+    resume = _check_interrupted(rc, text, "temperature keeps nothing between runs")
     assert resume == ["fullece", *args]
     rc, out, text = _run(resume[1:], tmp_path, "0", "resume.txt")
     assert rc == 0 and '"best_nll_temperature"' in out, text
@@ -290,7 +290,7 @@ def test_ctrl_c_during_report_resumes(runs, tmp_path):
     run = _fresh_copy(runs, "topk", tmp_path)
     args = ["report", str(run), "--out", str(tmp_path / "report")]
     rc, text = _interrupt(args, tmp_path, _announced("fullece: aggregating"))
-    resume = _check_interrupted(rc, text, "the same command resumes and draws the report", args)
+    resume = _check_interrupted(rc, text, "the same command resumes and draws the report")
     assert resume == ["fullece", *args]
     rc, out, text = _run(resume[1:], tmp_path, "0", "resume.txt")
     assert rc == 0 and (tmp_path / "report" / "report.html").exists(), text
@@ -302,7 +302,7 @@ def test_ctrl_c_elsewhere_gets_the_generic_line(runs, tmp_path):
     run = _fresh_copy(runs, "topk", tmp_path)
     args = ["metrics", str(run)]
     rc, text = _interrupt(args, tmp_path, _announced("fullece: aggregating"))
-    resume = _check_interrupted(rc, text, "to run it again", args)
+    resume = _check_interrupted(rc, text, "to run it again")
     assert resume == ["fullece", *args]
 
 
