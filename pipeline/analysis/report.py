@@ -60,6 +60,7 @@ def prepare_run(
         from pipeline.analysis.positions import scan_run
 
         scan = scan_run(run_dir, progress=not quiet)
+        notice("report: computing the metrics (the smooth ECE loads relplot first) ...", not quiet)
         metrics = metrics_for_run(run_dir, bins, quiet=quiet, scan=scan)
         top1 = scan.top1_pairs()
         if open_run(run_dir).store == "full":
