@@ -21,7 +21,6 @@ from pipeline.extract import ExtractError, run_extraction  # noqa: E402
 from pipeline.extract.windows import plan_windows  # noqa: E402
 from pipeline.store.manifest import load_manifest, path_sha256  # noqa: E402
 from tests.helpers.extract_models import (  # noqa: E402
-    build_gpt2,
     build_llama,
     synthetic_texts,
     write_corpus,
@@ -38,10 +37,10 @@ QUIET = {"progress": False, "device": "cpu"}
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def models(tmp_path_factory, tiny_gpt2):
     base = tmp_path_factory.mktemp("models")
     return {
-        "gpt2": build_gpt2(base / "gpt2", scale=0.5),
+        "gpt2": tiny_gpt2,
         "llama": build_llama(base / "llama", scale=0.5),
     }
 

@@ -23,7 +23,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from pipeline.store.manifest import load_manifest  # noqa: E402
-from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus  # noqa: E402
+from tests.helpers.extract_models import synthetic_texts, write_corpus  # noqa: E402
 from tests.helpers.processes import FULLECE, ROOT, SLOW_CLI, cli_env, slow_env  # noqa: E402
 
 TABLES = ("class_bins", "top1_bins", "tokens", "seq_bins")
@@ -37,9 +37,9 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, tiny_gpt2):
     base = tmp_path_factory.mktemp("tr")
-    model = build_gpt2(base / "gpt2", scale=0.5)
+    model = tiny_gpt2
     corpus = write_corpus(base / "c.txt", synthetic_texts(30, seed=5, min_words=1, max_words=25))
     return model, corpus
 

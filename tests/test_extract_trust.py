@@ -27,8 +27,8 @@ QUIET = {"progress": False, "device": "cpu"}
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return build_gpt2(tmp_path_factory.mktemp("m") / "gpt2", scale=0.5)
+def model(tiny_gpt2):
+    return tiny_gpt2
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from pipeline.store.manifest import load_manifest  # noqa: E402
-from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus  # noqa: E402
+from tests.helpers.extract_models import synthetic_texts, write_corpus  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FULLECE = Path(sys.executable).parent / "fullece"
@@ -59,9 +59,9 @@ def _check_runs(results) -> None:
     assert not failed, f"{len(failed)} of {RUNS} runs failed:\n" + "\n".join(failed)
 
 
-def test_twenty_torchrun_extractions_exit_0(tmp_path):
+def test_twenty_torchrun_extractions_exit_0(tmp_path, tiny_gpt2):
     """The command of issue 21, 20 times in a row (each into a new run directory)."""
-    model = build_gpt2(tmp_path / "gpt2", scale=0.5)
+    model = tiny_gpt2
     corpus = write_corpus(tmp_path / "c.txt", synthetic_texts(12, seed=5, max_words=25))
     results, positions = [], set()
     for i in range(RUNS):
