@@ -132,11 +132,14 @@ def token_sequences(ids):
     import torch
 
     class Sequences(torch.utils.data.Dataset):
+        def __init__(self):
+            self.ids = ids
+
         def __len__(self):
-            return len(ids)
+            return len(self.ids)
 
         def __getitem__(self, i):
-            return {"input_ids": ids[i]}
+            return {"input_ids": self.ids[i]}
 
     return Sequences()
 
