@@ -102,19 +102,18 @@ def test_auto_aggregate_notice(tmp_path):
 
 def reference_bootstrap(case, bins, replicates: int, seed: int, level: float = 0.95) -> dict:
     """The bootstrap over documents written from its definition, on the dense
-    positions (no tables): replicate b of M draws S documents with replacement
-    (row b of rng.integers(0, S, (replicates, S)), one draw per M in the order
-    of `bins`, rng = default_rng(seed), documents in sorted id order); its ECE
-    and Full-ECE are those of the drawn documents' positions, each document as
-    often as drawn; the interval is the point estimate plus the (a, 1 - a)
-    quantiles of the replicates' deviations from their mean."""
-    rng = np.random.default_rng(seed)
+    positions (no tables): replicate b draws S documents with replacement, the
+    same at every M (row b of default_rng([seed, 0]).integers(0, S, (replicates,
+    S)), documents in sorted id order); its ECE and Full-ECE are those of the
+    drawn documents' positions, each document as often as drawn; the interval is
+    the point estimate plus the (a, 1 - a) quantiles of the replicates'
+    deviations from their mean."""
     docs = np.unique(case.doc_ids)
     rows_of = [np.flatnonzero(case.doc_ids == d) for d in docs]
+    draws = np.random.default_rng([seed, 0]).integers(0, docs.size, size=(replicates, docs.size))
     alpha = (1 - level) / 2
     out = {}
     for m in bins:
-        draws = rng.integers(0, docs.size, size=(replicates, docs.size))
         reps = {"ece": [], "full_ece": []}
         for drawn in draws:
             rows = np.concatenate([rows_of[i] for i in drawn])
