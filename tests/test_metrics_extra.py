@@ -479,7 +479,7 @@ def test_temperature_command(runs):
 
 
 @pytest.mark.slow
-def test_tiny_model_runs_full_and_topk(tmp_path):
+def test_tiny_model_runs_full_and_topk(tmp_path, tiny_gpt2):
     """A tiny GPT-2 extracted in both stores; every new figure against a plain
     per-document forward pass (float32 log-softmax), the dense reference."""
     torch = pytest.importorskip("torch")
@@ -487,9 +487,9 @@ def test_tiny_model_runs_full_and_topk(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.extract import run_extraction
-    from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus
+    from tests.helpers.extract_models import synthetic_texts, write_corpus
 
-    model = build_gpt2(tmp_path / "gpt2", scale=0.5)
+    model = tiny_gpt2
     corpus = write_corpus(
         tmp_path / "c.txt", synthetic_texts(12, seed=3, min_words=3, max_words=20)
     )
