@@ -89,8 +89,9 @@ def test_findings_follow_the_numbers():
     assert v["frequency"]["status"] == "not reproduced"
     assert v["trend"]["status"] == "not reproduced"
     # why, from the numbers: the checkpoint against, and the first rise
-    assert v["table1"]["why"].startswith("at a, Full-ECE goes from 0.0200 at M = 5")
-    assert v["trend"]["why"].startswith("Full-ECE rises from a to b (0.1000 -> 0.2000)")
+    # rows without floors or tables: the values and the first rise, floors named absent
+    assert v["table1"]["why"].startswith("at a, Full-ECE goes from 0.0200 (no floor) at M = 5")
+    assert v["trend"]["why"].startswith("the first rise, a -> b: 0.1000")
     assert "why: " in format_default(rows, v)
 
     rows = [_row("a", 1, 5.0, 8.0, 0.3), _row("b", 2, 5.0, 8.0, 0.35), _row("c", 3, 5.0, 8.0, 0.1)]
