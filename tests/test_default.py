@@ -293,6 +293,10 @@ def test_mini_metrics_json_has_every_paper_m_and_report_exists(mini):
     for v in summary["verdicts"]:
         assert v["status"] in STATUSES and v["finding"] and v["text"]
         assert v["status"] == summary["findings"][v["key"]]["status"]
+    # measured reasons: figures against floors, nothing guessed
+    assert [e["checkpoint"] for e in summary["explanations"]] == names
+    assert "(floor)" in out and "cancelled" in out
+    assert not re.search(r"\b(likely|probably|may be)\b", out, re.IGNORECASE)
     # a miniature is not in the paper's regime, and says so
     assert summary["regime"]["met"] is False
     assert "test positions (at least 100,000)" in out and "NOT MET" in out

@@ -129,10 +129,16 @@ def test_cancellation_matches_the_definition(runs, name):
             )
             np.testing.assert_allclose(c["cancelled_by_bin"], ref["cancelled_by_bin"], atol=1e-12)
             assert min(c["cancelled_by_bin"]) >= -1e-12  # the triangle inequality
-        # Full-ECE's growth in M is exactly the drop in what cancels
+        # Full-ECE(M') − Full-ECE(M) is exactly cancelled(M) − cancelled(M'), any M, M'
         g = growth_in_m(row, "full_ece")
         lo, hi = row["cancellation"][0], row["cancellation"][-1]
         assert g["growth"] == pytest.approx(lo["cancelled"] - hi["cancelled"], abs=1e-12)
+        for a in row["cancellation"]:
+            for b, b_row in zip(row["cancellation"], row["metrics"]["bins"], strict=True):
+                assert b_row["full_ece"] == pytest.approx(b["full_ece"], abs=1e-12)
+                assert b["full_ece"] - a["full_ece"] == pytest.approx(
+                    a["cancelled"] - b["cancelled"], abs=1e-12
+                )
 
 
 @pytest.mark.parametrize("name", ["calibrated", "miscalibrated"])

@@ -9,8 +9,8 @@ Each coarse bin m is the union of F/M fine bins j of the tables' fine grid
 with equality exactly when the fine bins of m all deviate the same way. The
 **fine-bin sum** (1/N) Σ_m Σ_{j in m} |X_j| = (1/N) Σ_j |X_j| is Full-ECE on
 the fine grid, the same for every M; what **cancels** inside the coarse bins
-at M is the difference, fine-bin sum − Full-ECE(M) >= 0. Going from M to a
-finer M' (dividing F) Full-ECE grows by exactly cancelled(M) − cancelled(M').
+at M is the difference, fine-bin sum − Full-ECE(M) >= 0, so for any M, M'
+dividing F, Full-ECE(M') − Full-ECE(M) = cancelled(M) − cancelled(M') exactly.
 Pure functions of the tables; docs/default-experiment.md ("Measured reasons")
 defines the figures the default prints from them.
 """

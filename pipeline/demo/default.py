@@ -21,7 +21,10 @@ No weights or data sets can be downloaded, so the default makes its own:
     the token-frequency shares of the test set, the Full-ECE trend across
     checkpoints (the paper's Figure 2), whether the runs are in the paper's
     regime (single pass, >= 5 checkpoints past the near-uniform start, >= 100,000
-    test positions), a verdict per finding computed from these numbers, then
+    test positions), a verdict per finding computed from these numbers, with
+    measured reasons where one is not reproduced (each figure against its noise
+    floor, Full-ECE's growth in M above its floor's, what cancels inside its
+    coarse bins: docs/default-experiment.md, "Measured reasons"), then
     writes the HTML report and ``report/default_summary.json`` and prints the
     report's path. docs/default-experiment.md describes it all.
 """
