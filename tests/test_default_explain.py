@@ -161,17 +161,25 @@ def test_growth_above_floor_against_exact_floors(runs, name):
         assert g["above_floor"] == pytest.approx(g["growth"] - g["floor_growth"], abs=1e-15)
 
 
+def _full_ece_against_floor(row, case, m):
+    """(value, exact floor) from the oracles, and the explanation's entry at M = m,
+    checked against them (the floor within its documented tolerance)."""
+    value = cancellation_oracle(case.probs, case.labels, m)["full_ece"]
+    floor = exact_full_ece_floor(case.probs, m)
+    e = next(a for a in explain_checkpoint(row)["against_floor"]["full_ece"] if a["M"] == m)
+    assert e["value"] == pytest.approx(value, abs=1e-12)
+    assert abs(e["floor"] - floor) <= FLOOR_RTOL * floor
+    assert e["excess"] == pytest.approx(e["value"] - e["floor"], abs=1e-15)
+    return value, floor, e
+
+
 def test_calibrated_run_is_below_its_floor_and_says_not_above_noise(runs):
     rows, cases = runs["calibrated"]
     for label, case in cases.items():
         row = _row(rows, label)
         for m in (5, 10):
-            value = cancellation_oracle(case.probs, case.labels, m)["full_ece"]
-            floor = exact_full_ece_floor(case.probs, m)
+            value, floor, e = _full_ece_against_floor(row, case, m)
             assert value < floor * (1 - FLOOR_RTOL)  # the chosen seeds: below the floor
-            e = next(a for a in explain_checkpoint(row)["against_floor"]["full_ece"] if a["M"] == m)
-            assert e["value"] == pytest.approx(value, abs=1e-12)
-            assert abs(e["floor"] - floor) <= FLOOR_RTOL * floor
             assert e["excess"] < 0 and e["above_noise"] is False
         g = growth_in_m(row, "full_ece")
         text = why_table1(row)
@@ -201,9 +209,7 @@ def test_miscalibrated_run_is_clearly_above_its_floor(runs):
     for label, case in cases.items():
         row = _row(rows, label)
         for m in (5, 10):
-            value = cancellation_oracle(case.probs, case.labels, m)["full_ece"]
-            floor = exact_full_ece_floor(case.probs, m)
-            e = next(a for a in explain_checkpoint(row)["against_floor"]["full_ece"] if a["M"] == m)
+            value, floor, e = _full_ece_against_floor(row, case, m)
             assert value > 2 * floor  # clearly above, from the oracle alone
             assert e["above_noise"] is True and e["excess"] > 0
         text = why_table1(row)
