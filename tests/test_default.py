@@ -89,8 +89,9 @@ def test_findings_follow_the_numbers():
     assert v["frequency"]["status"] == "not reproduced"
     assert v["trend"]["status"] == "not reproduced"
     # why, from the numbers: the checkpoint against, and the first rise
-    assert v["table1"]["why"].startswith("at a, Full-ECE goes from 0.0200 at M = 5")
-    assert v["trend"]["why"].startswith("Full-ECE rises from a to b (0.1000 -> 0.2000)")
+    # rows without floors or tables: the values and the first rise, floors named absent
+    assert v["table1"]["why"].startswith("at a, Full-ECE goes from 0.0200 (no floor) at M = 5")
+    assert v["trend"]["why"].startswith("the first rise, a -> b: 0.1000")
     assert "why: " in format_default(rows, v)
 
     rows = [_row("a", 1, 5.0, 8.0, 0.3), _row("b", 2, 5.0, 8.0, 0.35), _row("c", 3, 5.0, 8.0, 0.1)]
@@ -292,6 +293,10 @@ def test_mini_metrics_json_has_every_paper_m_and_report_exists(mini):
     for v in summary["verdicts"]:
         assert v["status"] in STATUSES and v["finding"] and v["text"]
         assert v["status"] == summary["findings"][v["key"]]["status"]
+    # measured reasons: figures against floors, nothing guessed
+    assert [e["checkpoint"] for e in summary["explanations"]] == names
+    assert "(floor)" in out and "cancelled" in out
+    assert not re.search(r"\b(likely|probably|may be)\b", out, re.IGNORECASE)
     # a miniature is not in the paper's regime, and says so
     assert summary["regime"]["met"] is False
     assert "test positions (at least 100,000)" in out and "NOT MET" in out

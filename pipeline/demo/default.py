@@ -21,7 +21,10 @@ No weights or data sets can be downloaded, so the default makes its own:
     the token-frequency shares of the test set, the Full-ECE trend across
     checkpoints (the paper's Figure 2), whether the runs are in the paper's
     regime (single pass, >= 5 checkpoints past the near-uniform start, >= 100,000
-    test positions), a verdict per finding computed from these numbers, then
+    test positions), a verdict per finding computed from these numbers, with
+    measured reasons where one is not reproduced (each figure against its noise
+    floor, Full-ECE's growth in M above its floor's, what cancels inside its
+    coarse bins: docs/default-experiment.md, "Measured reasons"), then
     writes the HTML report and ``report/default_summary.json`` and prints the
     report's path. docs/default-experiment.md describes it all.
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -47,6 +51,10 @@ MIN_TEST_POSITIONS = 100_000
 MIN_CHECKPOINTS = 5
 NEAR_UNIFORM_MAX_PROB = 0.2  # a checkpoint whose largest probability is at most this is
 # still in the near-uniform start of training, where Full-ECE says little
+CANCELLED_LEGEND = (
+    "cancelled: how much of Full-ECE's sum over the fine bins (share) cancels inside "
+    'the M coarse bins (docs/default-experiment.md, "Measured reasons")'
+)
 FINDING_NAMES = {
     "table1": "Table 1 (stability in M)",
     "frequency": "token frequency",
@@ -292,11 +300,14 @@ def saturated(row: dict, m: int) -> bool:
 
 def collect(runs_dir, *, quiet: bool = False) -> list[dict]:
     """Metrics (paper's M), training info and test loss of every run, in training order."""
+    from pipeline.aggregate import load_run_tables
     from pipeline.analysis.metrics import metrics_for_run
+    from pipeline.core.cancellation import full_ece_cancellation
 
     rows = []
     for run_dir in find_runs(runs_dir):
         result = metrics_for_run(run_dir, PAPER_BINS, quiet=quiet)
+        tables = load_run_tables(result["run"]["tables"])
         rows.append(
             {
                 "run_dir": str(run_dir),
@@ -304,6 +315,11 @@ def collect(runs_dir, *, quiet: bool = False) -> list[dict]:
                 "training": _training_info(run_dir),
                 **position_stats(run_dir),
                 "metrics": result,
+                "cancellation": [
+                    full_ece_cancellation(tables, b["M"])
+                    for b in result["bins"]
+                    if tables.fine_bins % b["M"] == 0
+                ],
             }
         )
     return rows
@@ -313,14 +329,6 @@ def _f(x, digits: int = 6) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "n/a"
     return f"{x:.{digits}f}" if abs(x) >= 10 ** -(digits - 2) or x == 0 else f"{x:.2e}"
-
-
-def _bounded(row: dict, key: str) -> str:
-    """A bins[] value, or its proven interval where the run does not determine it."""
-    if row.get(key) is None and row.get(f"{key}_bounds"):
-        lo, hi = row[f"{key}_bounds"]
-        return f"[{_f(lo, 4)}, {_f(hi, 4)}]"
-    return _f(row.get(key))
 
 
 def _pct(x) -> str:
@@ -425,9 +433,8 @@ def findings(rows: list[dict]) -> dict:
                 f"(rises at {ups} of {len(diffs)} steps)"
             ),
         )
-    out["table1"]["why"] = (
-        _why_table1(judged_rsd, lower) if out["table1"]["status"] != "reproduced" else None
-    )
+    against = [r for r in judged_rsd if r["label"] not in lower]
+    out["table1"]["why"] = why_table1(against[-1]) if against else None
     out["frequency"]["why"] = (
         f"the test split's {rows[-1]['metrics']['positions']:,} labels cover "
         f"{tf['distinct_labels']:,} of the {tf['vocab_size']:,} vocabulary entries"
@@ -439,7 +446,7 @@ def findings(rows: list[dict]) -> dict:
         "values": values,
         "checkpoints": [r["label"] for r in judged],
         "excluded": [r["label"] for r in excluded],
-        "why": _why_trend(judged, values) if status != "reproduced" else None,
+        "why": why_trend(judged, values) if status != "reproduced" and len(values) > 1 else None,
         "text": f"Full-ECE (M={TREND_M}) {how}: "
         + " -> ".join(_f(v, 4) for v in values)
         + f"{_excluded_note(excluded, TREND_M)}"
@@ -448,38 +455,155 @@ def findings(rows: list[dict]) -> dict:
     return out
 
 
-def _why_table1(judged: list[dict], lower: list[str]) -> str | None:
-    """How Full-ECE and cw-ECE move with M at the last checkpoint where Full-ECE's RSD
-    is not the lower one."""
-    against = [r for r in judged if r["label"] not in lower]
-    if not against:
-        return None
-    r = against[-1]
-    bins = r["metrics"]["bins"]
-    lo, hi = bins[0], bins[-1]
+# ------------------------------------------------------------------ measured reasons
+# Pure functions of the metrics rows (floors: docs/metrics.md, "Noise floors") and of
+# the cancellation figures collect() takes from each run's tables
+# (pipeline.core.cancellation); docs/default-experiment.md, "Measured reasons".
 
-    def move(key):
-        a, b = lo[key], hi[key]
-        return f"{_f(a, 4)} at M = {lo['M']} to {_f(b, 4)} at M = {hi['M']}"
+EXPLAINED_KEYS = ("ece", "cw_ece", "full_ece")
 
-    return (
-        f"at {r['label']}, Full-ECE goes from {move('full_ece')}, cw-ECE from "
-        f"{move('cw_ece')}: on this model Full-ECE depends on M more than cw-ECE does"
+
+def against_floor(b: dict, key: str) -> dict:
+    """A bins[] figure against its noise floor: ``excess`` = value − floor,
+    ``above_noise`` = value > p95 (the floor's 95th percentile, the rule by which
+    `fullece metrics` marks a figure ~). None where the row has no floor."""
+    value, floor, p95 = b.get(key), b.get(f"{key}_floor"), b.get(f"{key}_floor_p95")
+    known = value is not None and floor is not None and p95 is not None
+    return {
+        "M": b["M"],
+        "value": value,
+        "floor": floor,
+        "p95": p95,
+        "excess": value - floor if known else None,
+        "above_noise": bool(value > p95) if known else None,
+    }
+
+
+def growth_in_m(row: dict, key: str = "full_ece") -> dict:
+    """A figure's growth from the smallest to the largest M of a run, its floor's
+    growth over the same M's, and their difference (the growth above the floor)."""
+    bins = sorted(row["metrics"]["bins"], key=lambda b: b["M"])
+    lo, hi = against_floor(bins[0], key), against_floor(bins[-1], key)
+
+    def diff(name):
+        return None if lo[name] is None or hi[name] is None else hi[name] - lo[name]
+
+    growth, floor_growth = diff("value"), diff("floor")
+    return {
+        "from": lo,
+        "to": hi,
+        "growth": growth,
+        "floor_growth": floor_growth,
+        "above_floor": None if growth is None or floor_growth is None else growth - floor_growth,
+    }
+
+
+def cancellation_at(row: dict, m: int) -> dict | None:
+    """The run's determined cancellation figures at M = m (None when not known)."""
+    return next((c for c in row.get("cancellation") or () if c["M"] == m and c["determined"]), None)
+
+
+def explain_checkpoint(row: dict) -> dict:
+    """Every measured reason for one checkpoint: each figure against its floor at
+    every M, cw-ECE's and Full-ECE's growth in M against their floors', and what
+    cancels inside Full-ECE's coarse bins at every M."""
+    bins = row["metrics"]["bins"]
+    return {
+        "checkpoint": row["label"],
+        "against_floor": {key: [against_floor(b, key) for b in bins] for key in EXPLAINED_KEYS},
+        "growth": {key: growth_in_m(row, key) for key in ("cw_ece", "full_ece")},
+        "cancellation": list(row.get("cancellation") or ()),
+    }
+
+
+def _vs_floor(a: dict) -> str:
+    """`value (floor f, p95 q: [not] above noise)`: one figure against its floor."""
+    if a["above_noise"] is None:
+        return f"{_f(a['value'], 4)} (no floor)"
+    verdict = "above noise" if a["above_noise"] else "not above noise"
+    return f"{_f(a['value'], 4)} (floor {_f(a['floor'], 4)}, p95 {_f(a['p95'], 4)}: {verdict})"
+
+
+def _share(c: dict) -> str:
+    share = c["cancelled_share"]
+    return f"{_f(c['cancelled'], 4)} ({'n/a' if share is None else f'{share * 100:.0f}%'})"
+
+
+def _noise_count(row: dict, key: str) -> str:
+    marks = [against_floor(b, key)["above_noise"] for b in row["metrics"]["bins"]]
+    known = [m for m in marks if m is not None]
+    return f"above noise at {known.count(True)} of {len(known)} M's with a floor"
+
+
+def why_table1(row: dict) -> str:
+    """Measured reasons why Full-ECE's RSD over M is not below cw-ECE's at `row`:
+    both figures at the smallest and largest M against their floors, Full-ECE's
+    growth against its floor's, and what cancels inside its coarse bins there."""
+    g, cw = growth_in_m(row, "full_ece"), growth_in_m(row, "cw_ece")
+    lo_m, hi_m = g["from"]["M"], g["to"]["M"]
+    parts = [
+        f"at {row['label']}, Full-ECE goes from {_vs_floor(g['from'])} at M = {lo_m} to "
+        f"{_vs_floor(g['to'])} at M = {hi_m}"
+    ]
+    if g["above_floor"] is not None:
+        parts.append(
+            f"of its growth {_f(g['growth'], 4)}, the floor's growth is "
+            f"{_f(g['floor_growth'], 4)} and {_f(g['above_floor'], 4)} lies above it"
+        )
+    c_lo, c_hi = cancellation_at(row, lo_m), cancellation_at(row, hi_m)
+    if c_lo and c_hi:
+        parts.append(
+            f"of the sum over its {c_lo['fine_bins']} fine bins, {_f(c_lo['fine_sum'], 4)}, "
+            f"{_share(c_lo)} cancels inside the {lo_m} coarse bins at M = {lo_m} and "
+            f"{_share(c_hi)} inside the {hi_m} at M = {hi_m}"
+        )
+    parts.append(
+        f"cw-ECE goes from {_vs_floor(cw['from'])} to {_vs_floor(cw['to'])}, "
+        f"{_noise_count(row, 'cw_ece')}"
     )
+    return "; ".join(parts)
 
 
-def _why_trend(judged: list[dict], values: list[float]) -> str | None:
-    """The first rise of Full-ECE between checkpoints, beside the test loss there."""
+def why_trend(judged: list[dict], values: list[float]) -> str:
+    """Measured reasons behind the trend of Full-ECE at M = TREND_M: per checkpoint
+    its excess over the floor and what cancels inside the coarse bins; at the first
+    rise, how much of it is the floor's."""
+    at = [against_floor(_at(r, TREND_M), "full_ece") for r in judged]
+    known = [a for a in at if a["above_noise"] is not None]
+    parts = []
+    if known:
+        parts.append(
+            f"Full-ECE at M = {TREND_M} minus its floor: "
+            + " -> ".join(_f(a["excess"], 4) if a["excess"] is not None else "n/a" for a in at)
+            + f" (above noise at {sum(a['above_noise'] for a in known)} of "
+            f"{len(known)} checkpoints with a floor)"
+        )
+    cancels = [cancellation_at(r, TREND_M) for r in judged]
+    if all(cancels):
+        parts.append(
+            f"cancelled inside its {TREND_M} coarse bins: "
+            + " -> ".join(_share(c) for c in cancels)
+            + f" of the fine-bin sums {' -> '.join(_f(c['fine_sum'], 4) for c in cancels)}"
+        )
     for i in range(len(values) - 1):
         if values[i + 1] >= values[i]:
             a, b = judged[i], judged[i + 1]
-            return (
-                f"Full-ECE rises from {a['label']} to {b['label']} ({_f(values[i], 4)} -> "
-                f"{_f(values[i + 1], 4)}) while the test loss goes {_f(a['test_loss'], 3)} -> "
+            rise = (
+                f"the first rise, {a['label']} -> {b['label']}: {_f(values[i + 1] - values[i], 4)}"
+            )
+            if at[i]["floor"] is not None and at[i + 1]["floor"] is not None:
+                floor_rise = at[i + 1]["floor"] - at[i]["floor"]
+                rise += (
+                    f", of which the floor's change {_f(floor_rise, 4)} and "
+                    f"{_f(values[i + 1] - values[i] - floor_rise, 4)} above it"
+                )
+            parts.append(
+                rise + f", while the test loss goes {_f(a['test_loss'], 3)} -> "
                 f"{_f(b['test_loss'], 3)} and the largest probability "
                 f"{_f(a.get('max_prob'), 3)} -> {_f(b.get('max_prob'), 3)}"
             )
-    return None
+            break
+    return "; ".join(parts)
 
 
 def _at(row: dict, m: int) -> dict:
@@ -487,6 +611,8 @@ def _at(row: dict, m: int) -> dict:
 
 
 def format_default(rows: list[dict], verdicts: dict) -> str:
+    from pipeline.analysis.metrics import FLOOR_LEGEND, with_floor
+
     bins = [b["M"] for b in rows[0]["metrics"]["bins"]]
     first = rows[0]["metrics"]
     lines = [
@@ -507,12 +633,18 @@ def format_default(rows: list[dict], verdicts: dict) -> str:
             f"largest probability {'n/a' if top is None else f'{top:.3f}'}, "
             f"M_exact = {m['m_exact'] if m['m_exact'] is not None else 'every M'})"
         )
-        lines.append(f"  {'M':>4}  {'ECE':>10}  {'cw-ECE':>10}  {'Full-ECE':>10}  exact")
+        lines.append(
+            f"  {'M':>4}  {'ECE (floor)':>21}  {'cw-ECE (floor)':>23}  "
+            f"{'Full-ECE (floor)':>21}  {'cancelled':>14}  exact"
+        )
         for b in m["bins"]:
+            c = cancellation_at(r, b["M"])
             lines.append(
-                f"  {b['M']:>4}  {_f(b['ece']):>10}  {_bounded(b, 'cw_ece'):>10}  "
-                f"{_bounded(b, 'full_ece'):>10}  {'yes' if b['exact'] else 'NO'}"
+                f"  {b['M']:>4}  {with_floor(b, 'ece'):>21}  {with_floor(b, 'cw_ece'):>23}  "
+                f"{with_floor(b, 'full_ece'):>21}  {_share(c) if c else 'n/a':>14}  "
+                f"{'yes' if b['exact'] else 'NO'}"
             )
+    lines += ["", f"  {FLOOR_LEGEND}; {CANCELLED_LEGEND}"]
     lines += [
         "",
         f"2. Table 1: RSD over M in {{{','.join(map(str, bins))}}} "
@@ -534,6 +666,23 @@ def format_default(rows: list[dict], verdicts: dict) -> str:
                     f"  {'':<14} {'':>6}  {name} RSD over the exact M = "
                     f"{{{','.join(map(str, used))}}} only (never from intervals)"
                 )
+    lo_m, hi_m = min(bins), max(bins)
+    lines += [
+        "",
+        f"  Full-ECE from M = {lo_m} to M = {hi_m}: its growth against its floor's, and what "
+        "cancels inside the coarse bins",
+        "",
+        f"  {'checkpoint':<14} {'growth':>8}  {'floor growth':>12}  {'above floor':>11}  "
+        f"{'fine-bin sum':>12}  {f'cancelled M={lo_m}':>15}  {f'cancelled M={hi_m}':>17}",
+    ]
+    for r in rows:
+        g = growth_in_m(r, "full_ece")
+        c_lo, c_hi = cancellation_at(r, lo_m), cancellation_at(r, hi_m)
+        lines.append(
+            f"  {r['label']:<14} {_f(g['growth'], 4):>8}  {_f(g['floor_growth'], 4):>12}  "
+            f"{_f(g['above_floor'], 4):>11}  {_f(c_lo['fine_sum'], 4) if c_lo else 'n/a':>12}  "
+            f"{_share(c_lo) if c_lo else 'n/a':>15}  {_share(c_hi) if c_hi else 'n/a':>17}"
+        )
     tf = rows[-1]["metrics"]["token_frequency"]
     labels = rows[-1]["metrics"]["positions"]
     lines += [
@@ -554,16 +703,21 @@ def format_default(rows: list[dict], verdicts: dict) -> str:
         f"4. Trend across training (the paper's Figure 2: Full-ECE at M = {TREND_M})",
         "",
         f"  {'checkpoint':<14} {'step':>6} {'tokens':>8}  {'test loss':>9}  {'ECE':>8}  "
-        f"{'cw-ECE':>10}  {'Full-ECE':>8}",
+        f"{'cw-ECE':>10}  {'Full-ECE':>8}  {'floor':>8}  {'p95':>8}  {'above floor':>11}  "
+        f"{'cancelled':>14}",
     ]
     for r in rows:
         b = _at(r, TREND_M)
+        a = against_floor(b, "full_ece")
+        c = cancellation_at(r, TREND_M)
         t = r["training"]
         lines.append(
             f"  {r['label']:<14} {t.get('step', ''):>6} "
             f"{_tokens(t.get('tokens_seen')) if t else '':>8}  "
             f"{_f(r['test_loss'], 3):>9}  {_f(b['ece'], 4):>8}  {_f(b['cw_ece']):>10}  "
-            f"{_f(b['full_ece'], 4):>8}"
+            f"{_f(b['full_ece'], 4):>8}{'~' if a['above_noise'] is False else ' '} "
+            f"{_f(a['floor'], 4):>8}  {_f(a['p95'], 4):>8}  {_f(a['excess'], 4):>11}  "
+            f"{_share(c) if c else 'n/a':>14}"
         )
     regime = regime_of(rows)
     lines += [
@@ -578,7 +732,9 @@ def format_default(rows: list[dict], verdicts: dict) -> str:
         v = verdicts[key]
         lines.append(f"  [{v['status']}] {name}: {v['text']}")
         if v.get("why"):
-            lines.append(f"      why: {v['why']}")
+            lines += textwrap.wrap(
+                f"why: {v['why']}", 100, initial_indent="      ", subsequent_indent="        "
+            )
     return "\n".join(lines)
 
 
@@ -693,6 +849,7 @@ def run_default_metrics(runs_dir="runs", report_dir="report", *, quiet: bool = F
             for r in rows
         ],
         "findings": verdicts,
+        "explanations": [explain_checkpoint(r) for r in rows],
         "report": str(report),
         "seconds": round(time.perf_counter() - t0, 2),
     }
