@@ -404,10 +404,11 @@ class TokenCalibrationError(Metric):
                     positions,
                     self.vocab_size,
                 )
-            for name, value in values.items():
-                out[metric_key(name, m)] = torch.tensor(
-                    float(value), dtype=torch.float64, device=self.device
-                )
+            for name in FIGURES:  # one order, whatever was computed first
+                if name in values:
+                    out[metric_key(name, m)] = torch.tensor(
+                        float(values[name]), dtype=torch.float64, device=self.device
+                    )
         if self.metric_name:
             return out[metric_key(self.metric_name, self.n_bins[0])]
         return out
