@@ -333,6 +333,14 @@ def caption_reliability(data: dict) -> str:
             )
             + "."
         )
+    flat = [
+        s["label"] for s in banded if np.all(np.nan_to_num(s["band"]["hi"] - s["band"]["lo"]) == 0)
+    ]
+    if flat:
+        parts.append(
+            f"Zero-width bands for {_names(flat)}: each position's mass lies wholly in one bin, "
+            "so under perfect calibration the frequency cannot vary."
+        )
     for s in series:
         if s["band"] is None:
             parts.append(f"No consistency band for {s['label']}: {s['band_missing']}.")
