@@ -12,6 +12,9 @@ from pipeline.analysis.report import write_report
 from pipeline.cli.report import report
 from tests.helpers.analysis_runs import dense_case, write_run
 
+# the full-store tiny GPT-2 run of the floors' resampling test (a fixture)
+from tests.test_floors import tiny_run  # noqa: F401
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -504,20 +507,6 @@ def test_metrics_table_shows_each_floor_with_the_mark_rule(three_runs):
     assert "(floor)" in table and "~ marks a figure not clearly above its floor" in table
 
 
-@pytest.fixture(scope="module")
-def tiny_full_run(tmp_path_factory):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from pipeline.extract import run_extraction
-    from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus
-
-    base = tmp_path_factory.mktemp("bands")
-    model = build_gpt2(base / "gpt2", scale=1.5, seed=1)
-    corpus = write_corpus(base / "c.txt", synthetic_texts(60, seed=3, min_words=5, max_words=30))
-    run_extraction(model, corpus, base / "run", store="full", progress=False, device="cpu")
-    return base / "run"
-
-
 BAND_REPLICATES = 400
 # per bin, P(S < lo) and P(S > hi) at most 5% + BAND_TOL, P(S <= lo) and P(S >= hi)
 # at least 5% − BAND_TOL (lo, hi really are the 5% and 95% points, not just a wide
@@ -527,7 +516,7 @@ BAND_TOL = 0.05
 
 
 @pytest.mark.slow
-def test_bands_against_consistency_resampling(tiny_full_run):
+def test_bands_against_consistency_resampling(tiny_run):  # noqa: F811
     """The bands of both diagrams against BAND_REPLICATES consistency resamples of a
     full-store run of a tiny GPT-2: labels drawn from the model's own probabilities,
     each bin's observed frequency recomputed (positions and bins fixed)."""
@@ -535,8 +524,8 @@ def test_bands_against_consistency_resampling(tiny_full_run):
     from tests.helpers.analysis_runs import ref_bins
     from tests.test_floors import _run_probs
 
-    run = prepare_run(tiny_full_run, quiet=True)
-    probs = _run_probs(tiny_full_run)
+    run = prepare_run(tiny_run, quiet=True)
+    probs = _run_probs(tiny_run)
     n, k = probs.shape
     m = run["reliability"]["n_bins"]
     p64 = probs.astype(np.float64)
