@@ -281,8 +281,7 @@ class TokenCalibrationError(Metric):
 
         # pooled pairs: most lie in fine bin 1, so bin 1 is the total minus the
         # few pairs above it (at most F - 1 per row), which are binned sparsely
-        big = p > self._bin1_threshold
-        big_rows, big_cols = big.nonzero(as_tuple=True)
+        big_rows, big_cols = (p > self._bin1_threshold).nonzero(as_tuple=True)
         big_p = p[big_rows, big_cols]
         big_p64 = big_p.double()
         fb = fine_bin_index(big_p, f) - 1
@@ -291,13 +290,14 @@ class TokenCalibrationError(Metric):
         self.pooled_p_sum += torch.bincount(fb, weights=big_p64, minlength=f)
         # the one float64 pass over all pairs (a float64 copy of the block on CPU)
         col_sums = p.sum(dim=0, dtype=torch.float64) if self.classwise else None
-        total = col_sums.sum() if self.classwise else p.sum(dtype=torch.float64)
+        row_sums = p.sum(dim=1, dtype=torch.float64)
+        total = col_sums.sum() if self.classwise else row_sums.sum()
         self.pooled_p_sum[0] += total - big_p64.sum()
         self.pooled_hits += torch.bincount(fine_bin_index(label_p, f) - 1, minlength=f)
         self.positions += n
-        self._update_mass_sq(
-            p.masked_fill(big, 0.0).sum(dim=1, dtype=torch.float64), big_rows, big_p, big_p64
-        )
+        # each row's mass in fine bin 1: its total less its pairs above 1/F
+        bin1_mass = row_sums.index_add(0, big_rows, big_p64, alpha=-1.0).clamp_(min=0.0)
+        self._update_mass_sq(bin1_mass, big_rows, big_p, big_p64)
 
         if self.classwise:
             self._update_classes(col_sums, y, label_p, big_cols, big_p, big_p64)
