@@ -35,9 +35,16 @@ from torchmetrics import Metric
 from pipeline import DEFAULT_FINE_BINS, PAPER_BINS
 from pipeline.core.binning import bin1_threshold, check_n_bins, coarsen_bins, fine_bin_index
 from pipeline.core.checks import InputError
-from pipeline.core.metrics import classwise_ece_formula, ece_formula, full_ece_formula
+from pipeline.core.floors import floor_of_cells, full_ece_floor_at
+from pipeline.core.metrics import (
+    classwise_ece_formula,
+    direction_formula,
+    ece_formula,
+    full_ece_formula,
+    l2_formula,
+)
 from pipeline.core.probability import probs_of_record
-from pipeline.integrations.names import METRICS, metric_key
+from pipeline.integrations.names import FIGURES, metric_key
 
 __all__ = ["TokenCalibrationError", "fine_grid_for"]
 
@@ -68,10 +75,12 @@ class TokenCalibrationError(Metric):
     Args:
         vocab_size: K, the width of the logits (the model's output size).
         n_bins: the M values to report; each becomes ``ece_mM``, ``full_ece_mM``
-            (and ``cw_ece_mM``) in :meth:`compute` (:func:`metric_key`).
+            (and ``cw_ece_mM``) in :meth:`compute` (:func:`metric_key`), with the
+            other figures of ``FIGURES`` named the same way (below).
         classwise: also keep per-class state for cw-ECE (default: only for
             ``metric="cw_ece"``).
-        metric: ``"ece"``, ``"full_ece"`` or ``"cw_ece"`` with a single M:
+        metric: one name of ``FIGURES`` (``"ece"``, ``"full_ece"``, ``"cw_ece"``,
+            ``"full_ece_floor"``, ``"ece_l2_debiased"``, ...) with a single M:
             :meth:`compute` then returns that one value as a scalar tensor
             (Lightning's ``self.log(name, metric)``), not a dict.
         ignore_index: label value of positions to skip (padding, prompts).
@@ -89,9 +98,22 @@ class TokenCalibrationError(Metric):
     * pooled pairs per fine bin: ``pooled_n`` (int64), ``pooled_p_sum``
       (float64), ``pooled_hits`` (int64);
     * top-1 per fine bin: ``top1_n``, ``top1_conf_sum``, ``top1_correct``;
+    * ``top1_conf_sq`` (float64, per fine bin): Σ conf², for ECE's noise floor;
+    * ``mass_sq`` (float64, per bin of every M, S = sum of n_bins): Σ_i q_im²,
+      q_im position i's total probability in bin m, for Full-ECE's noise floor;
     * ``positions`` (int64).
 
-    That is 48 F bytes (48 kB at F = 1000), whatever K and the data size.
+    That is 56 F + 8 S bytes (63 kB at F = 1000 and the paper's M), whatever K
+    and the data size.
+
+    Besides the three metrics, :meth:`compute` gives per M (names as
+    ``fullece metrics --json``'s ``bins`` keys, docs/metrics.md):
+    ``ece_floor``, ``ece_floor_p95``, ``full_ece_floor``, ``full_ece_floor_p95``
+    (noise floors; ECE's from the exact Σ conf², so it can differ from the run
+    tables' midpoint value by the documented < 0.1%), ``ece_l2``,
+    ``ece_l2_debiased``, ``full_ece_l2``, ``full_ece_l2_debiased``, ``ece_over``,
+    ``ece_under``. cw-ECE's floor is not given: it needs Σp² per (class, bin),
+    a third [K, S] float64 state (8 K S bytes more), not kept.
     With ``classwise=True`` two more states hold per class and per bin of
     every M (S = sum of n_bins, 885 for the paper's M): ``class_hits``
     (int64) and ``class_p_sum`` (float64), ``[K, S]``, i.e. 16 K S bytes:
@@ -130,8 +152,8 @@ class TokenCalibrationError(Metric):
         if not n_bins:
             raise ValueError("n_bins must name at least one M")
         if metric is not None:
-            if metric not in METRICS:
-                raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+            if metric not in FIGURES:
+                raise ValueError(f"metric must be one of {', '.join(FIGURES)}, got {metric!r}")
             if len(n_bins) != 1:
                 raise ValueError(
                     f"metric={metric!r} computes one value: give one M (n_bins=10, say), "
@@ -162,10 +184,12 @@ class TokenCalibrationError(Metric):
             ("top1_n", torch.int64),
             ("top1_conf_sum", torch.float64),
             ("top1_correct", torch.int64),
+            ("top1_conf_sq", torch.float64),
         ):
             self.add_state(name, zeros(f, dtype=dtype), dist_reduce_fx="sum")
-        # column offset of each M's bins inside the [K, S] per-class state
+        # offset of each M's bins inside the [S] and [K, S] states
         self._offsets = tuple(np.cumsum((0,) + n_bins[:-1]).tolist())
+        self.add_state("mass_sq", zeros(sum(n_bins), dtype=torch.float64), dist_reduce_fx="sum")
         if self.classwise:
             s = sum(n_bins)
             k = self.vocab_size
@@ -253,6 +277,7 @@ class TokenCalibrationError(Metric):
         self.top1_n += torch.bincount(tb, minlength=f)
         self.top1_conf_sum += torch.bincount(tb, weights=top1_p.double(), minlength=f)
         self.top1_correct += torch.bincount(tb[top1_id == y], minlength=f)
+        self.top1_conf_sq += torch.bincount(tb, weights=top1_p.double().square(), minlength=f)
 
         # pooled pairs: most lie in fine bin 1, so bin 1 is the total minus the
         # few pairs above it (at most F - 1 per row), which are binned sparsely
@@ -265,13 +290,34 @@ class TokenCalibrationError(Metric):
         self.pooled_p_sum += torch.bincount(fb, weights=big_p64, minlength=f)
         # the one float64 pass over all pairs (a float64 copy of the block on CPU)
         col_sums = p.sum(dim=0, dtype=torch.float64) if self.classwise else None
-        total = col_sums.sum() if self.classwise else p.sum(dtype=torch.float64)
+        row_sums = p.sum(dim=1, dtype=torch.float64)
+        total = col_sums.sum() if self.classwise else row_sums.sum()
         self.pooled_p_sum[0] += total - big_p64.sum()
         self.pooled_hits += torch.bincount(fine_bin_index(label_p, f) - 1, minlength=f)
         self.positions += n
+        # each row's mass in fine bin 1: its total less its pairs above 1/F
+        bin1_mass = row_sums.index_add(0, big_rows, big_p64, alpha=-1.0).clamp_(min=0.0)
+        self._update_mass_sq(bin1_mass, big_rows, big_p, big_p64)
 
         if self.classwise:
             self._update_classes(col_sums, y, label_p, big_cols, big_p, big_p64)
+
+    def _update_mass_sq(self, bin1_mass, big_rows, big_p, big_p64) -> None:
+        """Σ_i q_im² per bin of each M: each row's mass in fine bin 1 (bin 1 at
+        every M) and its pairs above 1/F, summed per (row, bin at M) with one
+        torch.unique per M (no [rows, M] array), then squared and summed per bin
+        (as pipeline.core.floors.bin_mass_sq)."""
+        n = bin1_mass.numel()
+        rows = torch.cat([torch.arange(n, device=bin1_mass.device), big_rows])
+        mass = torch.cat([bin1_mass, big_p64])
+        for m, offset in zip(self.n_bins, self._offsets, strict=True):  # a few M
+            bins = torch.cat([big_rows.new_zeros(n), fine_bin_index(big_p, m) - 1])
+            cells, inverse = torch.unique(rows * m + bins, return_inverse=True)
+            q = torch.zeros(cells.numel(), dtype=torch.float64, device=mass.device)
+            q.index_add_(0, inverse, mass)
+            self.mass_sq[offset : offset + m] += torch.bincount(
+                cells % m, weights=q * q, minlength=m
+            )
 
     def _update_classes(self, col_sums, y, label_p, big_cols, big_p, big_p64) -> None:
         """Per class and per bin of each M, with index_add_ into the flat state
@@ -293,7 +339,8 @@ class TokenCalibrationError(Metric):
     # ----------------------------------------------------------------- compute
 
     def compute(self) -> dict[str, torch.Tensor] | torch.Tensor:
-        """``{"ece_mM": ..., "full_ece_mM": ..., "cw_ece_mM": ...}`` for each M:
+        """``{"ece_mM": ..., "full_ece_mM": ..., "cw_ece_mM": ..., "full_ece_floor_mM":
+        ...}`` (every name of ``FIGURES`` the state gives) for each M:
         float64 scalar tensors on the metric's device, ready for ``log_dict``;
         with ``metric=`` given, that one value's tensor."""
         positions = int(self.positions)
@@ -305,7 +352,16 @@ class TokenCalibrationError(Metric):
         f = self.fine_bins
         state = {
             name: getattr(self, name).detach().cpu().numpy()
-            for name in ("top1_conf_sum", "top1_correct", "pooled_p_sum", "pooled_hits")
+            for name in (
+                "top1_n",
+                "top1_conf_sum",
+                "top1_correct",
+                "top1_conf_sq",
+                "pooled_n",
+                "pooled_p_sum",
+                "pooled_hits",
+                "mass_sq",
+            )
         }
         if self.classwise:
             class_hits = self.class_hits.detach().cpu().numpy()
@@ -318,16 +374,29 @@ class TokenCalibrationError(Metric):
             def by_bin(values, m=m, coarse=coarse):
                 return np.bincount(coarse, weights=values.astype(np.float64), minlength=m)
 
-            wanted = (self.metric_name,) if self.metric_name else METRICS
-            values = {}
-            if "ece" in wanted:
-                values["ece"] = ece_formula(
-                    by_bin(state["top1_correct"]), by_bin(state["top1_conf_sum"]), positions
-                )
-            if "full_ece" in wanted:
-                values["full_ece"] = full_ece_formula(
-                    by_bin(state["pooled_hits"]), by_bin(state["pooled_p_sum"]), positions
-                )
+            wanted = (self.metric_name,) if self.metric_name else FIGURES
+            n1, conf, correct = (
+                by_bin(state[k]) for k in ("top1_n", "top1_conf_sum", "top1_correct")
+            )
+            nf, p_sum, hits = (
+                by_bin(state[k]) for k in ("pooled_n", "pooled_p_sum", "pooled_hits")
+            )
+            values = {
+                "ece": ece_formula(correct, conf, positions),
+                "full_ece": full_ece_formula(hits, p_sum, positions),
+                "ece_l2": l2_formula(n1, conf, correct, positions),
+                "ece_l2_debiased": l2_formula(n1, conf, correct, positions, debiased=True),
+                "full_ece_l2": l2_formula(nf, p_sum, hits, positions),
+                "full_ece_l2_debiased": l2_formula(nf, p_sum, hits, positions, debiased=True),
+            }
+            values["ece_over"], values["ece_under"] = direction_formula(correct, conf, positions)
+            values["ece_floor"], values["ece_floor_p95"] = floor_of_cells(
+                conf, by_bin(state["top1_conf_sq"]), positions
+            )
+            values["full_ece_floor"], values["full_ece_floor_p95"] = full_ece_floor_at(
+                p_sum, state["mass_sq"][offset : offset + m], positions
+            )
+            values = {k: v for k, v in values.items() if k in wanted}
             if self.classwise and "cw_ece" in wanted:
                 values["cw_ece"] = classwise_ece_formula(
                     class_hits[:, offset : offset + m],
@@ -335,10 +404,11 @@ class TokenCalibrationError(Metric):
                     positions,
                     self.vocab_size,
                 )
-            for name, value in values.items():
-                out[metric_key(name, m)] = torch.tensor(
-                    float(value), dtype=torch.float64, device=self.device
-                )
+            for name in FIGURES:  # one order, whatever was computed first
+                if name in values:
+                    out[metric_key(name, m)] = torch.tensor(
+                        float(values[name]), dtype=torch.float64, device=self.device
+                    )
         if self.metric_name:
             return out[metric_key(self.metric_name, self.n_bins[0])]
         return out

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from pipeline import PAPER_BINS
 from pipeline.aggregate import ensure_tables, load_run_tables
-from pipeline.analysis.metrics import format_metrics, metrics_for_run
+from pipeline.analysis.metrics import fmt, format_metrics, metrics_for_run
 from pipeline.cli.metrics import compare, metrics
 from pipeline.core.bootstrap import bootstrap
 from tests.helpers.analysis_runs import dense_case, dense_reference, validate_json, write_run
@@ -227,3 +227,31 @@ def test_trend_has_no_relative_change_from_a_rounding_level_base():
     t = trend(rows)
     assert t["full_ece"]["relative_change"] is None
     assert t["ece"]["relative_change"] == pytest.approx(-0.5)
+
+
+def test_compare_shows_the_split_and_debiased_figures(tmp_path):
+    """compare's JSON rows carry ece_over/ece_under and the (debiased) L2 figures, each
+    equal to its definition on the dense probabilities; the text prints the shown ones."""
+    from tests.test_debiased import definition
+
+    cases = []
+    for i, t in enumerate((1.6, 1.0)):
+        case = dense_case(300, 20, seed=40 + i, docs=15, temperature=t)
+        write_run(tmp_path / f"r{i}", case, store="full", label=f"run-{i}")
+        cases.append(case)
+    runs = [tmp_path / "r0", tmp_path / "r1"]
+    out = json.loads(run_cli(compare, [*runs, "--json", "--quiet", "-M", "10"]).stdout)
+    text = run_cli(compare, [*runs, "--quiet", "-M", "10"]).stdout
+    header = text.splitlines()[2]
+    for label in ("ECE over", "ECE under", "ECE-L2 debiased", "Full-L2 debiased"):
+        assert label in header, header
+    for row, case in zip(out["runs"], cases, strict=True):
+        want = definition(case.probs, case.labels, 10)
+        for key in ("ece_over", "ece_under", "ece_l2", "ece_l2_debiased"):
+            assert row[key] == pytest.approx(want[key], abs=1e-12), key
+        for key in ("full_ece_l2", "full_ece_l2_debiased"):
+            assert row[key] ** 2 == pytest.approx(max(0.0, want[f"{key}_sq"]), abs=1e-12), key
+        assert row["ece_over"] + row["ece_under"] == pytest.approx(row["ece"], abs=1e-15)
+        line = next(x for x in text.splitlines() if x.startswith(row["label"]))
+        for key in ("ece_over", "ece_under", "ece_l2_debiased", "full_ece_l2_debiased"):
+            assert fmt(row[key]) in line, (key, line)

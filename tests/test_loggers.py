@@ -29,7 +29,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchmetrics")
 
 from pipeline.core.probability import probs_of_record  # noqa: E402
-from pipeline.integrations.names import LOGGER_KEY, metric_key  # noqa: E402
+from pipeline.integrations.names import FIGURES, LOGGER_KEY, metric_key  # noqa: E402
 from pipeline.torchmetrics import TokenCalibrationError  # noqa: E402
 from tests.reference import reference_metrics  # noqa: E402
 
@@ -67,9 +67,7 @@ def test_compute_keys_and_single_value_form():
     whole = TokenCalibrationError(k, n_bins=(5, 10, 100), classwise=True)
     whole.update(logits, labels)
     values = whole.compute()
-    assert list(values) == [
-        f"{name}_m{m}" for m in (5, 10, 100) for name in ("ece", "full_ece", "cw_ece")
-    ]
+    assert list(values) == [f"{name}_m{m}" for m in (5, 10, 100) for name in FIGURES]
     assert all(_logger_safe(key) for key in values)
     for name in ("ece", "full_ece", "cw_ece"):
         one = TokenCalibrationError(k, metric=name, n_bins=10)
@@ -104,7 +102,7 @@ def test_tracker_keys_single_and_dict_form():
     for tracker in (both, one):
         tracker.preprocess_logits_for_metrics(logits, labels)
     values, single = both.compute_metrics(), one.compute_metrics()
-    assert set(values) == {f"{n}_m{m}" for n in ("ece", "full_ece", "cw_ece") for m in (5, 10)}
+    assert set(values) == {f"{n}_m{m}" for n in FIGURES for m in (5, 10)}
     assert single == {"full_ece_m10": values["full_ece_m10"]}
     assert all(_logger_safe("eval_" + key) for key in values)
 

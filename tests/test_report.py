@@ -12,6 +12,9 @@ from pipeline.analysis.report import write_report
 from pipeline.cli.report import report
 from tests.helpers.analysis_runs import dense_case, write_run
 
+# the full-store tiny GPT-2 run of the floors' resampling test (a fixture)
+from tests.test_floors import tiny_run  # noqa: F401
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -437,3 +440,118 @@ def test_full_reliability_above_m_exact_is_said_to_be_undetermined():
     assert "Not determined for coarse (M_exact < M)" in full["caption"]
     top1 = prepare_reliability(runs, "top1")
     assert all(s["determined"] for s in top1["series"]) and "Not determined" not in top1["caption"]
+
+
+# ------------------------------------------------ consistency bands and floors
+
+
+@pytest.mark.parametrize("n,p", [(1, 0.3), (7, 0.5), (40, 0.02), (200, 0.37), (1000, 0.9)])
+def test_consistency_quantiles_are_the_binomial_quantiles(n, p):
+    """Equal probabilities make a cell binomial: the quantiles are then exact,
+    against the cdf summed here with math.comb (the least k reaching 5% / 95%)."""
+    import math
+
+    from pipeline.core.floors import consistency_quantiles
+
+    cdf, want = 0.0, []
+    levels = [0.05, 0.95]
+    for k in range(n + 1):
+        cdf += math.comb(n, k) * p**k * (1 - p) ** (n - k)
+        while levels and cdf >= levels[0] - 1e-12:
+            want.append(k)
+            levels.pop(0)
+    got = consistency_quantiles([n * p], [n * p * p])[:, 0]
+    assert got.tolist() == want
+
+
+def test_band_is_missing_and_said_so_without_the_variance():
+    from pipeline.analysis.report import prepare_reliability
+
+    run = _run_stub("r", [0.1, 0.4, 0.6, 0.9], [0.2, 0.3, 0.6, 0.5], [5, 3, 0, 2])
+    run["consistency"] = {
+        "top1": {"p_sum": np.array([0.5, 1.2, 0.0, 1.8]), "sum_sq": np.array([0.05, 0.5, 0, 1.62])},
+        "full": None,
+        "full_missing": "no per-position bin mass squares",
+    }
+    top1 = prepare_reliability([run], "top1")
+    band = top1["series"][0]["band"]
+    assert np.isnan(band["lo"][2]) and np.all(band["lo"][[0, 1, 3]] <= band["hi"][[0, 1, 3]])
+    assert "5–95% range" in top1["caption"] and "No consistency band" not in top1["caption"]
+    full = prepare_reliability([run], "full")
+    assert full["series"][0]["band"] is None
+    assert "No consistency band for r: no per-position bin mass squares" in full["caption"]
+    assert "5–95% range" not in full["caption"]
+
+
+def test_metrics_table_shows_each_floor_with_the_mark_rule(three_runs):
+    """Each ECE / cw-ECE / Full-ECE cell is `value (floor)`, with `~` exactly where
+    the value is at or below the floor's p95 (the rule of `fullece metrics`)."""
+    import html as html_lib
+
+    from pipeline.analysis.report import _metrics_table
+
+    table = html_lib.unescape(_metrics_table(three_runs))
+    cells = re.findall(r"<td>([^<]*)</td>", table)
+    marks = 0
+    for run in three_runs:
+        for row in run["metrics"]["bins"]:
+            for key in ("ece", "cw_ece", "full_ece"):
+                if row.get(f"{key}_floor") is None or row.get(key) is None:
+                    continue
+                spec = ".3e" if key == "cw_ece" else ".6f"
+                mark = "~" if row[key] <= row[f"{key}_floor_p95"] else ""
+                marks += bool(mark)
+                text = f"{format(row[key], spec)} ({format(row[f'{key}_floor'], spec)}){mark}"
+                assert text in cells, text
+    assert 0 < marks  # the near-uniform run sits on its floors
+    assert "(floor)" in table and "~ marks a figure not clearly above its floor" in table
+
+
+BAND_REPLICATES = 400
+# per bin, P(S < lo) and P(S > hi) at most 5% + BAND_TOL, P(S <= lo) and P(S >= hi)
+# at least 5% − BAND_TOL (lo, hi really are the 5% and 95% points, not just a wide
+# range): 0.05 is 4.6 standard errors of a share near 5% over 400 replicates, and
+# leaves room for the binomial approximation
+BAND_TOL = 0.05
+
+
+@pytest.mark.slow
+def test_bands_against_consistency_resampling(tiny_run):  # noqa: F811
+    """The bands of both diagrams against BAND_REPLICATES consistency resamples of a
+    full-store run of a tiny GPT-2: labels drawn from the model's own probabilities,
+    each bin's observed frequency recomputed (positions and bins fixed)."""
+    from pipeline.analysis.report import prepare_reliability, prepare_run
+    from tests.helpers.analysis_runs import ref_bins
+    from tests.test_floors import _run_probs
+
+    run = prepare_run(tiny_run, quiet=True)
+    probs = _run_probs(tiny_run)
+    n, k = probs.shape
+    m = run["reliability"]["n_bins"]
+    p64 = probs.astype(np.float64)
+    top1 = probs.argmax(axis=1)
+    top_bin = ref_bins(probs[np.arange(n), top1][:, None], m)[:, 0] - 1
+    pair_bin = ref_bins(probs, m) - 1
+    cdf = np.cumsum(p64, axis=1)
+    rng = np.random.default_rng(12)
+    hits = {"top1": np.zeros((BAND_REPLICATES, m)), "full": np.zeros((BAND_REPLICATES, m))}
+    for r in range(BAND_REPLICATES):
+        u = rng.random(n) * cdf[:, -1]
+        labels = np.minimum((cdf < u[:, None]).sum(axis=1), k - 1)
+        hits["top1"][r] = np.bincount(top_bin[labels == top1], minlength=m)
+        hits["full"][r] = np.bincount(pair_bin[np.arange(n), labels], minlength=m)
+    report = []
+    for kind in ("top1", "full"):
+        s = prepare_reliability([run], kind)["series"][0]
+        assert s["band"] is not None, kind
+        for b in np.flatnonzero(s["count"] > 0):
+            freq = hits[kind][:, b] / s["count"][b]
+            lo, hi = s["band"]["lo"][b], s["band"]["hi"][b]
+            eps = 1e-9 / s["count"][b]
+            below, above = (freq < lo - eps).mean(), (freq > hi + eps).mean()
+            at_lo, at_hi = (freq <= lo + eps).mean(), (freq >= hi - eps).mean()
+            inside = 1 - below - above
+            report.append(f"{kind} bin {b + 1}: n={s['count'][b]:.0f} inside={inside:.3f}")
+            assert below <= 0.05 + BAND_TOL and above <= 0.05 + BAND_TOL, report[-1]
+            assert at_lo >= 0.05 - BAND_TOL and at_hi >= 0.05 - BAND_TOL, report[-1]
+    print("\n".join(report))

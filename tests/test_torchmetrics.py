@@ -21,7 +21,7 @@ pytest.importorskip("torchmetrics")
 from pipeline import PAPER_BINS  # noqa: E402
 from pipeline.core.checks import InputError  # noqa: E402
 from pipeline.core.probability import probs_of_record  # noqa: E402
-from pipeline.integrations.names import metric_key  # noqa: E402
+from pipeline.integrations.names import FIGURES, metric_key  # noqa: E402
 from pipeline.metrics import calibration_errors  # noqa: E402
 from pipeline.torchmetrics import TokenCalibrationError, fine_grid_for  # noqa: E402
 from tests.reference import exact_bins, reference_metrics  # noqa: E402
@@ -50,10 +50,30 @@ def _assert_matches(values, probs, labels, n_bins, *, classwise, reference=True)
             assert float(got) == pytest.approx(api[name], abs=1e-12), (name, m)
             if ref is not None:
                 assert float(got) == pytest.approx(ref[name], abs=1e-12), (name, m)
-    expected_keys = {metric_key(name, m) for m in n_bins for name in ("ece", "full_ece")}
-    if classwise:
-        expected_keys |= {metric_key("cw_ece", m) for m in n_bins}
-    assert set(values) == expected_keys
+    expected = [name for name in FIGURES if classwise or name != "cw_ece"]
+    assert set(values) == {metric_key(name, m) for m in n_bins for name in expected}
+    _assert_figures_match(values, probs, labels, n_bins)
+
+
+def _assert_figures_match(values, probs, labels, n_bins):
+    """The L2 figures and ECE's split against their definitions (tests/test_debiased.py,
+    plain loops over bins); the floors against pipeline.metrics.noise_floors (every
+    Σp² and Σ_i q_im² exact from the dense probabilities)."""
+    from pipeline.metrics import noise_floors
+    from tests.test_debiased import definition
+
+    for m in n_bins:
+        want = definition(probs.numpy(), labels.numpy(), m)
+        for name in ("ece_over", "ece_under"):
+            assert float(values[metric_key(name, m)]) == pytest.approx(want[name], abs=1e-12)
+        for name in ("ece_l2", "ece_l2_debiased", "full_ece_l2", "full_ece_l2_debiased"):
+            # squares compared: a root near 0 magnifies float rounding
+            got = float(values[metric_key(name, m)]) ** 2
+            assert got == pytest.approx(max(0.0, want[f"{name}_sq"]), abs=1e-12), (name, m)
+        floors = noise_floors(probs.numpy(), labels.numpy(), m)
+        for name in ("ece_floor", "ece_floor_p95", "full_ece_floor", "full_ece_floor_p95"):
+            got = float(values[metric_key(name, m)])
+            assert got == pytest.approx(floors[name], rel=1e-9, abs=1e-15), (name, m)
 
 
 def _edge_logits(n, k, generator):
@@ -180,6 +200,84 @@ def test_state_is_small_and_sums_to_the_invariants():
     assert int(metric.top1_n.sum()) == 50
     assert float(metric.pooled_p_sum.sum()) == pytest.approx(50.0, abs=1e-5)
     assert "cw_ece_m10" not in metric.compute()
+
+
+def test_floor_states_are_their_definitions():
+    """top1_conf_sq is Σ conf² per fine bin and mass_sq Σ_i q_im² per bin of each M,
+    q_im row i's total probability in bin m: both from a dense [n, M] loop-free sum
+    written here from the definitions (not the metric's sparse path)."""
+    g = torch.Generator().manual_seed(16)
+    k, n_bins = 40, (5, 10, 20)
+    logits = torch.randn(3, 30, k, generator=g) * 3
+    logits[0, :4, 7:] = NEG_INF  # rows uniform over 7 classes: mass on bin edges
+    labels = torch.randint(0, k, (3, 30), generator=g)
+    metric = TokenCalibrationError(k, n_bins=n_bins)
+    metric.update(logits[:2], labels[:2])
+    metric.update(logits[2:], labels[2:])
+    probs, _ = _records(logits, labels)
+    p = probs.numpy().astype(np.float64)
+    top = probs.numpy().max(axis=1).astype(np.float64)
+    fine = exact_bins(probs.numpy().max(axis=1), 1000)
+    want_sq = np.zeros(1000)
+    np.add.at(want_sq, fine - 1, top * top)
+    assert np.allclose(metric.top1_conf_sq.numpy(), want_sq, rtol=1e-12, atol=0)
+    offset = 0
+    for m in n_bins:
+        bins = exact_bins(probs.numpy(), m) - 1  # [n, K]
+        q = np.zeros((p.shape[0], m))
+        np.add.at(q, (np.arange(p.shape[0])[:, None].repeat(k, 1), bins), p)
+        got = metric.mass_sq.numpy()[offset : offset + m]
+        assert np.allclose(got, (q * q).sum(axis=0), rtol=1e-12, atol=1e-15), m
+        offset += m
+
+
+def test_single_value_form_takes_every_figure():
+    g = torch.Generator().manual_seed(17)
+    k = 30
+    logits = torch.randn(60, k, generator=g) * 2
+    labels = torch.randint(0, k, (60,), generator=g)
+    every = TokenCalibrationError(k, n_bins=10)
+    every.update(logits, labels)
+    values = every.compute()
+    for name in FIGURES:
+        one = TokenCalibrationError(k, n_bins=10, metric=name)
+        one.update(logits, labels)
+        got = one.compute()
+        assert torch.is_tensor(got) and got.ndim == 0, name
+        want = values[metric_key(name, 10)] if name != "cw_ece" else None
+        if want is not None:
+            assert float(got) == float(want), name
+    with pytest.raises(ValueError, match="ece_floor"):
+        TokenCalibrationError(k, n_bins=10, metric="cw_ece_floor")
+
+
+def test_figures_equal_fullece_metrics_on_the_same_full_store_run(tmp_path):
+    """The same logits written as a full-store run: `fullece metrics --json` gives the
+    same figures. The run's probability of record uses its stored float32 logsumexp,
+    torch its own (a last-bit difference, ~4e-8 relative in ECE here), hence rel 1e-6;
+    ECE's floor to the documented 1e-3 (the run tables keep no Σconf²)."""
+    from click.testing import CliRunner
+
+    from pipeline.cli.metrics import metrics
+    from tests.helpers.analysis_runs import dense_case, write_run
+
+    case = dense_case(240, 25, seed=19, docs=12, temperature=1.2)
+    write_run(tmp_path / "run", case, store="full")
+    res = CliRunner().invoke(
+        metrics, [str(tmp_path / "run"), "--json", "--quiet", "--bins", "5,10,20"]
+    )
+    assert res.exit_code == 0, res.output
+    rows = {r["M"]: r for r in json.loads(res.stdout)["bins"]}
+    metric = TokenCalibrationError(case.vocab_size, n_bins=(5, 10, 20), classwise=True)
+    metric.update(torch.from_numpy(case.logits), torch.from_numpy(case.labels.astype(np.int64)))
+    values = metric.compute()
+    for m, row in rows.items():
+        for name in FIGURES:
+            got = float(values[metric_key(name, m)])
+            if name.startswith("ece_floor"):
+                assert got == pytest.approx(row[name], rel=1e-3), (name, m)
+            else:
+                assert got == pytest.approx(row[name], rel=1e-6, abs=1e-12), (name, m)
 
 
 def test_ignore_index_and_reset():

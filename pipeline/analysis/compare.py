@@ -10,6 +10,7 @@ from pipeline.analysis.metrics import (
     FLOOR_LEGEND,
     METRIC_NAMES,
     METRICS_JSON_VERSION,
+    _extra_bin_keys,
     _run_sums,
     _tail_bounds,
     add_floors,
@@ -17,8 +18,10 @@ from pipeline.analysis.metrics import (
     floor_keys,
     fmt,
     mass_sq_of,
+    value_text,
     with_floor,
 )
+from pipeline.core.registry import BIN_METRICS
 from pipeline.store.manifest import RunError
 from pipeline.store.run import is_run, run_label
 
@@ -55,6 +58,7 @@ def compare_runs(run_dirs, n_bins: int = 10, *, quiet: bool = False, partial: bo
                 "complete": bool(cover["complete"]),
                 "coverage": None if cover["complete"] else describe_coverage(cover),
                 **clean_row(m),
+                **_extra_bin_keys(m),
                 **floor_keys(m),
                 "floor_notes": floor_notes[1:],
             }
@@ -111,17 +115,26 @@ def trend(rows: list[dict]) -> dict:
 def format_compare(result: dict) -> str:
     rows = result["runs"]
     w = max([len("run")] + [len(r["label"]) for r in rows])
+    # the other bins[] figures shown in text (registry's text flag), as `fullece metrics`
+    extra = [
+        m
+        for m in BIN_METRICS
+        if not m.paper
+        and m.text
+        and any(r.get(m.key) is not None or r.get(m.bounds_key or "") for r in rows)
+    ]
     lines = [
         f"metrics at M = {result['M']}",
         "",
         f"{'run':<{w}}  {'N':>10}  {'ECE (floor)':>23}  {'cw-ECE (floor)':>35}  "
-        f"{'Full-ECE (floor)':>35}  exact",
+        f"{'Full-ECE (floor)':>35}  exact" + "".join(f"  {m.label:>16}" for m in extra),
     ]
     for r in rows:
         lines.append(
             f"{r['label']:<{w}}  {r['positions']:>10,}  {with_floor(r, 'ece'):>23}  "
             f"{with_floor(r, 'cw_ece'):>35}  {with_floor(r, 'full_ece'):>35}  "
-            f"{'yes' if r['exact'] else 'NO'}"
+            f"{'yes' if r['exact'] else 'NO '}"
+            + "".join(f"  {value_text(r, m.key):>16}" for m in extra)
         )
         for note in r.get("floor_notes") or []:
             lines.append(f"{'':<{w}}  {note}")

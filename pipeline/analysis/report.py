@@ -37,6 +37,8 @@ RUN_COLORS = ("#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#e377c2", 
 # near-uniform run (values ~100x below the others) is not drawn on the floor
 LOG_SPAN = 10.0
 LOG_DECADES = 4  # ... covering at most this many decades below the largest value
+BAND_LEVELS = (0.05, 0.95)  # the consistency band of the reliability diagrams
+BAND_COLOR = "0.25"
 ZOOM_BELOW = 0.5  # a reliability panel whose points all lie below this is zoomed
 INSET_BELOW = 0.05  # ... and its bin 1 gets a log-log inset when below this share of the panel
 
@@ -140,10 +142,57 @@ def prepare_run(
         "path": str(run_dir),
         "metrics": metrics,
         "reliability": reliability(tables, reliability_bins),
+        "consistency": _consistency_cells(run_dir, tables_dir, tables, reliability_bins, quiet),
         "label_counts": tables.label_count.copy(),
         "top1": top1,
         "temperature": temperature,
     }
+
+
+def _consistency_cells(run_dir, tables_dir, tables, n_bins: int, quiet: bool) -> dict:
+    """Per reliability bin, the mean Σp and second moment Σp² of its hits under
+    perfect calibration (pipeline.core.floors): top-1 from the tables (Σconf²
+    the midpoint of its proven interval); the full diagram from Σ_i q_im² kept
+    with the run's sums, else None and `full_missing` says why."""
+    from pipeline.analysis.metrics import _run_sums, mass_sq_of
+    from pipeline.core.binning import is_exact
+    from pipeline.core.floors import top1_cells
+    from pipeline.core.metrics import pooled_by_bin
+
+    conf, conf_sq = top1_cells(tables, n_bins)
+    out = {"top1": {"p_sum": conf, "sum_sq": conf_sq}, "full": None, "full_missing": None}
+    if not is_exact(n_bins, tables.m_exact):
+        out["full_missing"] = "M > M_exact: the tail's placement is not stored"
+        return out
+    mass_sq = mass_sq_of(_run_sums(Path(run_dir), tables_dir, quiet))
+    if mass_sq is None or n_bins not in mass_sq:
+        out["full_missing"] = (
+            f"no per-position bin mass squares (Σ_i q_im²) kept at M = {n_bins} with the "
+            "run's sums, so the variance is not known"
+        )
+        return out
+    _, p_sum, _ = pooled_by_bin(tables, n_bins)
+    out["full"] = {"p_sum": p_sum, "sum_sq": mass_sq[n_bins]}
+    return out
+
+
+def consistency_band(cells: dict | None, count) -> dict | None:
+    """{"lo", "hi"}: per bin the 5% and 95% points of the observed frequency
+    under perfect calibration (labels drawn from the model's own probabilities),
+    hits quantiles of :func:`pipeline.core.floors.consistency_quantiles` over the
+    bin's count; NaN for an empty bin. None without `cells`."""
+    from pipeline.core.floors import consistency_quantiles
+
+    if cells is None:
+        return None
+    count = np.asarray(count, np.float64)
+    lo, hi = consistency_quantiles(cells["p_sum"], cells["sum_sq"], BAND_LEVELS)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        seen = count > 0
+        return {
+            "lo": np.where(seen, lo / np.where(seen, count, 1.0), np.nan),
+            "hi": np.where(seen, hi / np.where(seen, count, 1.0), np.nan),
+        }
 
 
 def _bin_row(metrics: dict, n_bins: int) -> dict | None:
@@ -189,7 +238,8 @@ def prepare_reliability(runs: list[dict], kind: str) -> dict:
     (zoomed below 1 when every point lies below ZOOM_BELOW); `inset`: bin 1 on
     log-log axes when its point would sit in the corner; `determined`: false
     for the full diagram of a run whose M_exact is below M (its tail
-    probabilities may belong above bin 1)."""
+    probabilities may belong above bin 1); `band`: the consistency band
+    (:func:`consistency_band`), None with `band_missing` saying why."""
     from pipeline.core.registry import metric
 
     if kind not in ("top1", "full"):
@@ -208,6 +258,8 @@ def prepare_reliability(runs: list[dict], kind: str) -> dict:
         row = _bin_row(run["metrics"], n_bins)
         limit = _zoom(edges, count, mean, freq)
         m_exact = run["metrics"].get("m_exact")
+        cells = run.get("consistency") or {}
+        band = consistency_band(cells.get(kind), count)
         series.append(
             {
                 "label": run["label"],
@@ -222,6 +274,10 @@ def prepare_reliability(runs: list[dict], kind: str) -> dict:
                 "limit": limit,
                 "inset": _bin1_inset(count, mean, freq, limit),
                 "determined": kind == "top1" or m_exact is None or n_bins <= m_exact,
+                "band": band,
+                "band_missing": None
+                if band is not None
+                else (cells.get("full_missing") or "no consistency statistics for this run"),
             }
         )
     data = {"kind": kind, "n_bins": n_bins, "edges": edges, "metric": m.label, "series": series}
@@ -260,6 +316,36 @@ def caption_reliability(data: dict) -> str:
             f"Inset, log-log: bin 1 (0, 1/{data['n_bins']}], whose point would sit in the "
             f"corner, for {_names(inset)}."
         )
+    banded = [s for s in series if s["band"] is not None]
+    if banded:
+        how = (
+            "Σconf² per bin from its proven interval's midpoint"
+            if data["kind"] == "top1"
+            else "each bin's exact Σ_i q_im², q_im a position's whole mass in the bin"
+        )
+        parts.append(
+            "Grey bars at each point: the 5–95% range of the bin's observed frequency under "
+            "perfect calibration (labels drawn from the model's own probabilities), from the "
+            f"binomial with the bin's exact mean and its variance ({how}; docs/metrics.md, "
+            "'Noise floors'); a point outside it is unlikely from noise alone"
+            + (
+                ""
+                if len(banded) == len(series)
+                else f" (drawn for {_names([s['label'] for s in banded])})"
+            )
+            + "."
+        )
+    flat = [
+        s["label"] for s in banded if np.all(np.nan_to_num(s["band"]["hi"] - s["band"]["lo"]) == 0)
+    ]
+    if flat:
+        parts.append(
+            f"Zero-width bands for {_names(flat)}: each position's mass lies wholly in one bin, "
+            "so under perfect calibration the frequency cannot vary."
+        )
+    for s in series:
+        if s["band"] is None:
+            parts.append(f"No consistency band for {s['label']}: {s['band_missing']}.")
     undetermined = [s["label"] for s in series if not s["determined"]]
     if undetermined:
         parts.append(
@@ -597,6 +683,18 @@ def _reliability_panel(ax, axc, data: dict, s: dict) -> None:
             hatch=hatch,
             **gap,
         )
+    band = s["band"]
+    if band is not None:
+        drawn = ok & np.isfinite(band["lo"])
+        ax.vlines(
+            mean[drawn],
+            band["lo"][drawn],
+            band["hi"][drawn],
+            color=BAND_COLOR,
+            lw=3.5,
+            alpha=0.55,
+            zorder=2.5,
+        )
     ax.scatter(mean[ok], freq[ok], s=14, color=s["color"], edgecolor="black", lw=0.5, zorder=3)
     limit = s["limit"]
     ax.set_xlim(0, limit)
@@ -612,6 +710,15 @@ def _reliability_panel(ax, axc, data: dict, s: dict) -> None:
         x, y = inset["mean_prob"], inset["frequency"]
         lo, hi = inset["axis"]["lim"]
         ia.plot([lo, hi], [lo, hi], ls="--", color=REFERENCE_COLOR, lw=0.8)
+        if band is not None and np.isfinite(band["lo"][0]):
+            ia.vlines(
+                x,
+                max(band["lo"][0], lo),
+                max(band["hi"][0], lo),
+                color=BAND_COLOR,
+                lw=3.5,
+                alpha=0.55,
+            )
         ia.vlines(
             x, min(x, max(y, lo)), max(x, y), color=OVER_COLOR if x > y else UNDER_COLOR, lw=2
         )
@@ -692,11 +799,15 @@ def plot_reliability(data: dict, ax=None):
     from matplotlib.lines import Line2D
 
     handles.append(Line2D([], [], ls="--", color=REFERENCE_COLOR, label="perfect calibration"))
+    if any(s["band"] is not None for s in series):
+        handles.append(
+            Line2D([], [], color=BAND_COLOR, lw=3.5, alpha=0.55, label="5–95% if calibrated")
+        )
     fig.legend(
         handles=handles,
         loc="lower center",
         bbox_to_anchor=(0.5, 0.0),
-        ncol=4 if n > 1 else 2,
+        ncol=5 if n > 1 else 3,
         fontsize=8,
         frameon=False,
     )
@@ -968,7 +1079,20 @@ def _cell(row: dict, key: str, bounds_key: str | None, spec: str) -> str:
     return "n/a"
 
 
+def _floor_cell(row: dict, key: str, bounds_key: str | None, spec: str) -> str:
+    """A value with its noise floor, `value (floor)`, and `~` where the value is
+    not clearly above it (the rule of `fullece metrics`: at or below the p95)."""
+    from pipeline.analysis.metrics import near_floor
+
+    text = _cell(row, key, bounds_key, spec)
+    floor = row.get(f"{key}_floor")
+    if floor is None:
+        return text
+    return f"{text} ({format(floor, spec)}){'~' if near_floor(row, key) else ''}"
+
+
 def _metrics_table(runs: list[dict]) -> str:
+    from pipeline.analysis.metrics import FLOOR_LEGEND
     from pipeline.core.registry import BIN_METRICS
 
     cols = [
@@ -980,16 +1104,24 @@ def _metrics_table(runs: list[dict]) -> str:
     for run in runs:
         for b in run["metrics"]["bins"]:
             cells = "".join(
-                f"<td>{_cell(b, m.key, m.bounds_key, '.3e' if m.key == 'cw_ece' else '.6f')}</td>"
+                f"<td>{_floor_cell(b, m.key, m.bounds_key, '.3e' if m.key == 'cw_ece' else '.6f')}</td>"
                 for m in cols
             )
             rows.append(
                 f"<tr><td>{html.escape(run['label'])}</td><td>{b['M']}</td>{cells}"
                 f"<td>{'exact' if b['exact'] else 'M > M_exact: [proven interval]'}</td></tr>"
             )
-    head = "".join(f"<th>{html.escape(m.label)}</th>" for m in cols)
+    floored = {
+        m.key
+        for m in cols
+        if any(f"{m.key}_floor" in b for r in runs for b in r["metrics"]["bins"])
+    }
+    head = "".join(
+        f"<th>{html.escape(m.label)}{' (floor)' if m.key in floored else ''}</th>" for m in cols
+    )
     head = f"<tr><th>run</th><th>M</th>{head}<th></th></tr>"
-    return f"<table>{head}{''.join(rows)}</table>"
+    legend = f"<p>{html.escape(FLOOR_LEGEND)}</p>" if floored else ""
+    return f"<table>{head}{''.join(rows)}</table>{legend}"
 
 
 def _scores_table(runs: list[dict]) -> str:

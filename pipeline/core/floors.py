@@ -41,6 +41,8 @@ __all__ = [
     "floor_bins_of",
     "floor_rows",
     "noise_floors",
+    "top1_cells",
+    "consistency_quantiles",
 ]
 
 FLOOR_KEYS = ("ece", "cw_ece", "full_ece")
@@ -157,16 +159,20 @@ def _fine_sum_sq_mid(n, p_sum, fine_bin, fine_bins: int, bin1_top: float):
     return 0.5 * (lo + hi)
 
 
-def ece_floor_at(tables: BinTables, n_bins: int) -> tuple[float, float]:
-    """(floor, p95) of top-1 ECE at M = n_bins from top1_bins (Σconf² per fine
+def top1_cells(tables: BinTables, n_bins: int):
+    """(Σconf, Σconf²) per top-1 bin at M = n_bins from top1_bins (Σconf² per fine
     bin from its proven interval, midpoint)."""
     f = tables.fine_bins
     fine = np.arange(1, f + 1)
     sq = _fine_sum_sq_mid(tables.top1_n, tables.top1_conf_sum, fine, f, 1.0 / f)
     coarse = coarsen_bins(fine, f, n_bins) - 1
     conf = np.bincount(coarse, weights=tables.top1_conf_sum, minlength=n_bins)
-    sq_m = np.bincount(coarse, weights=sq, minlength=n_bins)
-    return floor_of_cells(conf, sq_m, tables.positions)
+    return conf, np.bincount(coarse, weights=sq, minlength=n_bins)
+
+
+def ece_floor_at(tables: BinTables, n_bins: int) -> tuple[float, float]:
+    """(floor, p95) of top-1 ECE at M = n_bins from top1_bins (:func:`top1_cells`)."""
+    return floor_of_cells(*top1_cells(tables, n_bins), tables.positions)
 
 
 def cw_ece_floor_at(tables: BinTables, n_bins: int) -> tuple[float, float]:
@@ -299,4 +305,34 @@ def noise_floors(probs, labels, n_bins: int = 10) -> dict:
     out = {"M": int(n_bins)}
     for key, (value, p95) in zip(FLOOR_KEYS, (ece, cw, full), strict=True):
         out[f"{key}_floor"], out[f"{key}_floor_p95"] = value, p95
+    return out
+
+
+def consistency_quantiles(p_sum, sum_sq, levels=(0.05, 0.95)) -> np.ndarray:
+    """[len(levels), cells]: per cell the `levels`-quantiles of its hits S = Σ
+    Bernoulli(p_i) under perfect calibration, from Σp and Σp², with the floors'
+    approximation: the binomial with the same mean and variance (p* = Σp²/Σp,
+    n* = (Σp)²/Σp², real; its pmf over k = 0 … ⌊n*⌋ renormalised). A quantile
+    is the least k whose cdf reaches the level, so [q(0.05), q(0.95)] holds at
+    least 90% of that binomial. A deterministic cell (variance 0) gives Σp."""
+    mu = np.atleast_1d(np.asarray(p_sum, np.float64))
+    s2 = np.atleast_1d(np.asarray(sum_sq, np.float64))
+    levels = np.asarray(levels, np.float64)
+    out = np.repeat(mu[None, :], levels.size, axis=0)
+    for c in np.flatnonzero((mu > 0) & (s2 > 0) & (mu - s2 > 1e-12 * mu)):  # a few bins
+        p = min(s2[c] / mu[c], 1.0)
+        n = mu[c] / p
+        sd = np.sqrt(mu[c] - s2[c])
+        k = np.arange(
+            max(0.0, np.floor(mu[c] - 12 * sd - 1)), min(np.floor(n), mu[c] + 12 * sd + 1) + 1
+        )
+        log_pmf = (
+            log_gamma(n + 1.0)
+            - log_gamma(k + 1.0)
+            - log_gamma(n - k + 1.0)
+            + k * np.log(p)
+            + (n - k) * np.log1p(-p)
+        )
+        cdf = np.cumsum(np.exp(log_pmf - log_pmf.max()))
+        out[:, c] = k[np.minimum(np.searchsorted(cdf / cdf[-1], levels), k.size - 1)]
     return out

@@ -12,10 +12,24 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["LOGGER_KEY", "METRICS", "metric_key"]
+__all__ = ["FIGURES", "LOGGER_KEY", "METRICS", "metric_key"]
 
 # the metrics TokenCalibrationError computes, by name
 METRICS = ("ece", "full_ece", "cw_ece")
+# every figure it computes per M: the metrics, their noise floors (docs/metrics.md,
+# "Noise floors"), the L2 errors and top-1 ECE's split, as the keys of `fullece metrics`
+FIGURES = METRICS + (
+    "ece_floor",
+    "ece_floor_p95",
+    "full_ece_floor",
+    "full_ece_floor_p95",
+    "ece_l2",
+    "ece_l2_debiased",
+    "full_ece_l2",
+    "full_ece_l2_debiased",
+    "ece_over",
+    "ece_under",
+)
 # a key every logger takes unchanged
 LOGGER_KEY = re.compile(r"[A-Za-z0-9_/.\-]+")
 
@@ -23,6 +37,6 @@ LOGGER_KEY = re.compile(r"[A-Za-z0-9_/.\-]+")
 def metric_key(metric: str, n_bins: int) -> str:
     """The logged name of `metric` at M = `n_bins`: ``metric_key("full_ece", 10)`` is
     ``"full_ece_m10"``."""
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    if metric not in FIGURES:
+        raise ValueError(f"metric must be one of {', '.join(FIGURES)}, got {metric!r}")
     return f"{metric}_m{int(n_bins)}"
