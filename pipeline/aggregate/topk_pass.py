@@ -15,7 +15,7 @@ that, per kept entry (class c, probability p of record, float32):
 * sums the current document's (bin) values in one row per bin, appended as
   seq_bins rows when the document changes;
 * checks it on the way: class id in [0, K), p in [0, 1], and counts the rows
-  whose label is among their kept ids.
+  whose label is not among their kept ids.
 
 Per position the kernel checks label, top1_id, top1_prob and doc_id before
 counting the row, counts its label and top-1 class, and adds one seq_bins
@@ -23,7 +23,7 @@ entry at bin 1 (kept bin-1 entries plus the position's tail count/mass) and
 one top-1 entry. Everything the
 shard reduces to is therefore additive state of size O(K + table rows); a
 batch is the only thing proportional to the data. Sums are float64, counts
-int64, as in the SQL they replace.
+int64, as in ``sql.topk_part_sql``, which states the same tables in SQL.
 """
 
 from __future__ import annotations
