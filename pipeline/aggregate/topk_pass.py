@@ -61,6 +61,7 @@ from pipeline.aggregate.topk_format import (
 )
 from pipeline.core.binning import bin1_threshold
 from pipeline.core.tables import SparseBins
+from pipeline.errors import FulleceError
 
 BATCH_ROWS = 65_536  # positions decoded at a time (64 kept each: 4M entries, ~32 MB)
 _INITIAL_SEQ_ROWS = 1 << 16  # grown by doubling
@@ -144,7 +145,7 @@ def _seq_bins(rows: np.ndarray, stride: int) -> SparseBins:
     return SparseBins.from_parts(keys // stride, keys % stride, values, stride)
 
 
-class KeptEntryError(ValueError):
+class KeptEntryError(FulleceError):
     """A kept entry the tables cannot hold (row index within the shard)."""
 
     def __init__(self, message: str, row: int):
