@@ -34,24 +34,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.aggregate import topk_format as fmt
 from pipeline.aggregate.topk_format import (
-    CLASS_WIDTH,
-    CURRENT_OPEN,
-    EMPTY,
-    LABEL_HITS,
-    MISSING_LABELS,
     ROW_ERRORS,
-    SEQ_CONF_SUM,
-    SEQ_CORRECT,
-    SEQ_HITS,
-    SEQ_KEY,
-    SEQ_N,
-    SEQ_P_SUM,
-    SEQ_TOP1_N,
-    SEQ_WIDTH,
-    TAIL_COUNT,
-    TOP1_CORRECT,
-    TOP1_N,
     BatchRows,
     DocumentBins,
     EntryBuffer,
@@ -82,10 +67,10 @@ def _kernels():
 
 
 def _flush_document(state) -> None:
-    if state._current[CURRENT_OPEN]:
+    if state._current[fmt.CURRENT_OPEN]:
         state._reserve_seq_rows()
         _kernels().flush(state._documents(), state.fine_bins + 1)
-        state._current[CURRENT_OPEN] = 0
+        state._current[fmt.CURRENT_OPEN] = 0
 
 
 def _new_table(width: int, cap: int, reuse=None) -> np.ndarray:
@@ -96,7 +81,7 @@ def _new_table(width: int, cap: int, reuse=None) -> np.ndarray:
         slots.fill(0)
     else:
         slots = np.zeros((cap, width), np.int64)
-    slots[:, 0] = EMPTY  # column 0: the key (CLASS_KEY, SEQ_KEY)
+    slots[:, 0] = fmt.EMPTY  # column 0: the key (CLASS_KEY, SEQ_KEY)
     return slots
 
 
@@ -130,17 +115,17 @@ def _seq_bins(rows: np.ndarray, stride: int) -> SparseBins:
     """seq_bins from the appended per-document rows (in key order when document
     ids increase through the shard; otherwise a document may have several rows
     per bin, which group_sum adds up)."""
-    keys = rows[:, SEQ_KEY]
+    keys = rows[:, fmt.SEQ_KEY]
     floats = rows.view(np.float64)
     # copies: `rows` is scratch the next shard reuses, and already-grouped
     # columns come back from group_sum as they are
     values = {
-        "n": rows[:, SEQ_N].copy(),
-        "p_sum": floats[:, SEQ_P_SUM].copy(),
-        "hits": rows[:, SEQ_HITS].copy(),
-        "top1_n": rows[:, SEQ_TOP1_N].copy(),
-        "conf_sum": floats[:, SEQ_CONF_SUM].copy(),
-        "correct": rows[:, SEQ_CORRECT].copy(),
+        "n": rows[:, fmt.SEQ_N].copy(),
+        "p_sum": floats[:, fmt.SEQ_P_SUM].copy(),
+        "hits": rows[:, fmt.SEQ_HITS].copy(),
+        "top1_n": rows[:, fmt.SEQ_TOP1_N].copy(),
+        "conf_sum": floats[:, fmt.SEQ_CONF_SUM].copy(),
+        "correct": rows[:, fmt.SEQ_CORRECT].copy(),
     }
     return SparseBins.from_parts(keys // stride, keys % stride, values, stride)
 
@@ -178,7 +163,8 @@ class TopkShardPass:
         self.bin1_p_sum = self._per_class.view(np.float64)[:, 2]
         self.label_count = np.zeros(k, np.int64)
         self.top1_count = np.zeros(k, np.int64)
-        self._top1_int = np.zeros((f + 1, 2), np.int64)  # per top-1 bin: TOP1_N, TOP1_CORRECT
+        # per top-1 bin: TOP1_N, TOP1_CORRECT
+        self._top1_int = np.zeros((f + 1, 2), np.int64)
         self._top1_conf = np.zeros(f + 1, np.float64)
         # rows whose label is not kept, kept entries equal to the label, tail_count
         self._totals = np.zeros(3, np.int64)
@@ -188,14 +174,14 @@ class TopkShardPass:
         # (doc, bin) -> n, hits, top1_n, correct, p_sum, conf
         scratch = _take_scratch()
         self._class = _new_table(
-            CLASS_WIDTH, self._parts << self._region_bits, scratch.get("class")
+            fmt.CLASS_WIDTH, self._parts << self._region_bits, scratch.get("class")
         )
         self._region_counts = np.zeros(self._parts, np.int64)
         # per document and bin, a seq row (topk_format.SEQ_*)
         # (rows past _seq_n are never read: no need to clear them)
         self._seq_rows = scratch.get("seq_rows")
         if self._seq_rows is None or self._seq_rows.shape[0] < _capacity_hint["seq"]:
-            self._seq_rows = np.empty((_capacity_hint["seq"], SEQ_WIDTH), np.int64)
+            self._seq_rows = np.empty((_capacity_hint["seq"], fmt.SEQ_WIDTH), np.int64)
         self._seq_n = np.zeros(1, np.int64)
         # (keys, probs) twice: arrival order, partition order
         self._buffer = scratch.get("buffer")
@@ -203,7 +189,7 @@ class TopkShardPass:
         self._part_starts = np.zeros(self._parts + 1, np.int64)
         self._part_counts = np.zeros(self._parts, np.int64)
         # the current document's seq bins, dense over bins (see _topk_kernel.batch)
-        self._doc = np.zeros((f + 1, SEQ_WIDTH), np.int64)  # a seq row per bin
+        self._doc = np.zeros((f + 1, fmt.SEQ_WIDTH), np.int64)  # a seq row per bin
         self._touched = np.zeros(f + 2, np.int64)
         self._current = np.zeros(2, np.int64)
 
@@ -274,16 +260,16 @@ class TopkShardPass:
     @property
     def label_rows_missing(self) -> int:
         """Rows whose label is not among their kept ids (0 for a valid shard)."""
-        return int(self._totals[MISSING_LABELS])
+        return int(self._totals[fmt.MISSING_LABELS])
 
     @property
     def label_hits(self) -> int:
         """Kept entries equal to their row's label (= rows for a valid shard)."""
-        return int(self._totals[LABEL_HITS])
+        return int(self._totals[fmt.LABEL_HITS])
 
     @property
     def position_tail_count(self) -> int:
-        return int(self._totals[TAIL_COUNT])
+        return int(self._totals[fmt.TAIL_COUNT])
 
     @property
     def tail_max(self) -> float:
@@ -330,7 +316,7 @@ class TopkShardPass:
             if code != KernelCode.GROW:
                 break
             self._region_bits += 1
-            bigger = _new_table(CLASS_WIDTH, self._parts << self._region_bits)
+            bigger = _new_table(fmt.CLASS_WIDTH, self._parts << self._region_bits)
             kernels.rehash_regions(
                 self._class, bigger, self._region_counts, self._parts, self._region_bits
             )
@@ -369,7 +355,7 @@ class TopkShardPass:
             self.fine_bins,
         )
         seq_bins = _seq_bins(self._seq_rows[: int(self._seq_n[0])], stride)
-        top1_rows = np.flatnonzero(self._top1_int[:, TOP1_N])
+        top1_rows = np.flatnonzero(self._top1_int[:, fmt.TOP1_N])
         # classes with any kept or tail pair, label or top-1 position
         has_pairs = np.zeros(self.vocab_size, bool)
         has_pairs[c_ids] = True
@@ -386,9 +372,9 @@ class TopkShardPass:
             },
             "top1_bins": {
                 "bin": top1_rows.astype(np.int32),
-                "n": self._top1_int[top1_rows, TOP1_N],
+                "n": self._top1_int[top1_rows, fmt.TOP1_N],
                 "conf_sum": self._top1_conf[top1_rows],
-                "correct": self._top1_int[top1_rows, TOP1_CORRECT],
+                "correct": self._top1_int[top1_rows, fmt.TOP1_CORRECT],
             },
             "tokens": {
                 "class_id": tokens.astype(np.int32),
