@@ -11,6 +11,11 @@ previous line (whichever is rarer), and one when the work ends::
 With no known total, the 10% rule applies to the time: a line once 30 s and a
 tenth of the time elapsed so far have passed. ``FULLECE_PROGRESS=0`` (or
 ``fullece --no-progress``, or a command's ``--quiet``) turns progress off.
+
+Work that has no count to show (loading a model, compiling a kernel, hashing
+files) is announced by a *notice* before it starts: one line on standard
+error, ``fullece: <what> ...``, so that no wait is silent. Notices are not
+progress: FULLECE_PROGRESS=0 keeps them; a command's ``--quiet`` drops them.
 """
 
 from __future__ import annotations
@@ -23,11 +28,25 @@ PROGRESS_ENV = "FULLECE_PROGRESS"
 LINE_SECONDS = 30.0
 LINE_FRACTION = 0.1
 _OFF = ("0", "false", "no", "off")
+NOTICE_PREFIX = "fullece: "
 
 
 def progress_wanted(requested: bool = True) -> bool:
     """`requested` (a command's own switch), unless FULLECE_PROGRESS turns progress off."""
     return bool(requested) and os.environ.get(PROGRESS_ENV, "").strip().lower() not in _OFF
+
+
+def notice(text: str, enabled: bool = True, *, stream=None) -> None:
+    """One line on standard error, ``fullece: <text>``, before a wait that
+    shows no count (see the module docstring); nothing when not `enabled`."""
+    if not enabled:
+        return
+    stream = sys.stderr if stream is None else stream
+    try:
+        stream.write(f"{NOTICE_PREFIX}{text}\n")
+        stream.flush()
+    except (OSError, ValueError):
+        pass  # a closed or broken stream never stops the work
 
 
 def progress_bar(
@@ -165,8 +184,16 @@ class LineProgress(_Bar):
         elapsed = self._clock() - self._t0
         rate = (self.n - self._start_n) / elapsed if elapsed > 0 else 0.0
         postfix = f", {self.postfix}" if self.postfix else ""
+        # closed while an exception unwinds (a finally, an except): the work did not finish
+        failing = sys.exc_info()[1]
+        if failing is None:
+            head = "done"
+        elif isinstance(failing, KeyboardInterrupt):
+            head = "interrupted"
+        else:
+            head = "stopped by an error"
         self._write(
-            f"{self.desc}: done, {self.n:,} {self.unit} in {_clock_text(elapsed)}, "
+            f"{self.desc}: {head}, {self.n:,} {self.unit} in {_clock_text(elapsed)}, "
             f"{rate:,.1f} {self.unit}/s{postfix}"
         )
 
@@ -176,6 +203,16 @@ class LineProgress(_Bar):
             self.stream.flush()
         except (OSError, ValueError):
             pass  # a closed or broken stream never stops the work
+
+
+def size_text(n_bytes: float) -> str:
+    """Bytes for a notice: 512 B, 1.5 kB, 498.0 MB, 13.5 GB (powers of 1000)."""
+    n = float(n_bytes)
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
 
 
 def _clock_text(seconds: float) -> str:

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline import PAPER_BINS
-from pipeline.aggregate import load_run_tables
+from pipeline.aggregate import ensure_tables, load_run_tables
 from pipeline.analysis.metrics import format_metrics, metrics_for_run
 from pipeline.cli.metrics import compare, metrics
 from pipeline.core.bootstrap import bootstrap
@@ -100,6 +100,57 @@ def test_auto_aggregate_notice(tmp_path):
     assert "aggregating" not in res.stderr  # tables are current now
 
 
+def reference_bootstrap(case, bins, replicates: int, seed: int, level: float = 0.95) -> dict:
+    """The bootstrap over documents written from its definition, on the dense
+    positions (no tables): replicate b draws S documents with replacement, the
+    same at every M (row b of default_rng([seed, 0]).integers(0, S, (replicates,
+    S)), documents in sorted id order); its ECE and Full-ECE are those of the
+    drawn documents' positions, each document as often as drawn; the interval is
+    the point estimate plus the (a, 1 - a) quantiles of the replicates'
+    deviations from their mean."""
+    docs = np.unique(case.doc_ids)
+    rows_of = [np.flatnonzero(case.doc_ids == d) for d in docs]
+    draws = np.random.default_rng([seed, 0]).integers(0, docs.size, size=(replicates, docs.size))
+    alpha = (1 - level) / 2
+    out = {}
+    for m in bins:
+        reps = {"ece": [], "full_ece": []}
+        for drawn in draws:
+            rows = np.concatenate([rows_of[i] for i in drawn])
+            ref = dense_reference(case.probs[rows], case.labels[rows], m)
+            for key in reps:
+                reps[key].append(ref[key])
+        point = dense_reference(case.probs, case.labels, m)
+        out[m] = {}
+        for key, values in reps.items():
+            dev = np.array(values) - np.mean(values)
+            out[m][key] = [
+                point[key] + np.quantile(dev, alpha),
+                point[key] + np.quantile(dev, 1 - alpha),
+            ]
+            out[m][f"{key}_bias"] = np.mean(values) - point[key]
+    return out
+
+
+def test_bootstrap_interval_equals_reference(tmp_path):
+    """Every interval and bias equals the bootstrap recomputed from the dense
+    positions (document resampling with the same seed), not from the tables."""
+    case = dense_case(300, 12, seed=8, docs=15)
+    run = tmp_path / "r"
+    write_run(run, case, k=12, shard_rows=100)
+    bins, replicates = [5, 10, 20], 60
+    out = metrics_for_run(run, bins, bootstrap_replicates=replicates, seed=4, quiet=True)
+    # the sequences resampled are the documents
+    assert np.array_equal(np.unique(load_run_tables(run).seq_bins.ids), np.unique(case.doc_ids))
+    want = reference_bootstrap(case, bins, replicates, seed=4)
+    assert [iv["M"] for iv in out["bootstrap"]["intervals"]] == bins
+    for iv in out["bootstrap"]["intervals"]:
+        for key in ("ece", "full_ece"):
+            assert iv[key] == pytest.approx(want[iv["M"]][key], rel=1e-9, abs=1e-12), (iv["M"], key)
+            got_bias = iv[f"{key}_bias"]
+            assert got_bias == pytest.approx(want[iv["M"]][f"{key}_bias"], rel=1e-9, abs=1e-12)
+
+
 def test_bootstrap_contains_point_and_shrinks(tmp_path):
     widths = []
     for n, docs in ((400, 20), (6400, 320)):
@@ -120,7 +171,7 @@ def test_bootstrap_contains_point_and_shrinks(tmp_path):
 def test_bootstrap_vectorised_matches_loop(topk_run):
     """The W @ X replicate sums equal a literal per-replicate recomputation."""
     run, _ = topk_run
-    tables = load_run_tables(run)
+    tables = load_run_tables(ensure_tables([run], quiet=True))
     res = bootstrap(tables, [10], 5, seed=3)
     sb = tables.seq_bins
     seqs = np.unique(sb.ids)

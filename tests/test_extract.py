@@ -4,7 +4,6 @@ through the same loading code users call, compared with a dense reference."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,7 +21,6 @@ from pipeline.extract import ExtractError, run_extraction  # noqa: E402
 from pipeline.extract.windows import plan_windows  # noqa: E402
 from pipeline.store.manifest import load_manifest, path_sha256  # noqa: E402
 from tests.helpers.extract_models import (  # noqa: E402
-    build_gpt2,
     build_llama,
     synthetic_texts,
     write_corpus,
@@ -33,16 +31,16 @@ from tests.helpers.extract_reference import (  # noqa: E402
     read_run,
     sparse_metrics,
 )
+from tests.helpers.processes import ROOT, SLOW_CLI, slow_env  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 QUIET = {"progress": False, "device": "cpu"}
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def models(tmp_path_factory, tiny_gpt2):
     base = tmp_path_factory.mktemp("models")
     return {
-        "gpt2": build_gpt2(base / "gpt2", scale=0.5),
+        "gpt2": tiny_gpt2,
         "llama": build_llama(base / "llama", scale=0.5),
     }
 
@@ -367,19 +365,6 @@ def _assert_same_shards(dir_a, a, dir_b, b):
     )
 
 
-_SLOW_CLI = """
-import sys, time
-import pipeline.extract.loop as r
-_orig = r.forward_logits
-def _slow(lm, inputs):
-    time.sleep(0.03)
-    return _orig(lm, inputs)
-r.forward_logits = _slow
-from pipeline.cli import main
-sys.exit(main())
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("store", ["topk", "full"])
 def test_sigkill_and_resume_gives_identical_tables(models, corpus, tmp_path, store):
@@ -401,16 +386,16 @@ def test_sigkill_and_resume_gives_identical_tables(models, corpus, tmp_path, sto
     settings = dict(store=store, shard_positions=120, batch_size=2, **QUIET)
     ref = run_extraction(models["llama"], corpus, tmp_path / "ref", **settings)
     out = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = slow_env(0.03)
     for kill_after in (1, 3):
         proc = subprocess.Popen(
-            [sys.executable, "-c", _SLOW_CLI, "extract", *args, "--out", str(out)],
+            [sys.executable, "-c", SLOW_CLI, "extract", *args, "--out", str(out)],
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        deadline = time.time() + 90
+        deadline = time.time() + 600  # a loaded machine can take minutes to start it
         while time.time() < deadline and proc.poll() is None:
             try:
                 if len(json.loads((out / "manifest.json").read_text())["shards"]) >= kill_after:

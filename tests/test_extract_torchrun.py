@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -24,26 +23,12 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from pipeline.store.manifest import load_manifest  # noqa: E402
-from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus  # noqa: E402
+from tests.helpers.extract_models import synthetic_texts, write_corpus  # noqa: E402
+from tests.helpers.processes import FULLECE, ROOT, SLOW_CLI, cli_env, slow_env  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-FULLECE = Path(sys.executable).parent / "fullece"
 TABLES = ("class_bins", "top1_bins", "tokens", "seq_bins")
 KEYS = {"class_bins": ["class_id", "bin"], "top1_bins": ["bin"], "tokens": ["class_id"]}
 KEYS["seq_bins"] = ["seq_id", "bin"]
-_SLOW_SCRIPT = """
-import os, sys, time
-from pathlib import Path
-Path(os.environ["PID_DIR"], "rank-" + os.environ["RANK"]).write_text(str(os.getpid()))
-import pipeline.extract.loop as r
-_orig = r.forward_logits
-def _slow(lm, inputs):
-    time.sleep(0.4)
-    return _orig(lm, inputs)
-r.forward_logits = _slow
-from pipeline.cli import main
-sys.exit(main())
-"""
 
 pytestmark = [
     pytest.mark.slow,
@@ -52,16 +37,16 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, tiny_gpt2):
     base = tmp_path_factory.mktemp("tr")
-    model = build_gpt2(base / "gpt2", scale=0.5)
+    model = tiny_gpt2
     corpus = write_corpus(base / "c.txt", synthetic_texts(30, seed=5, min_words=1, max_words=25))
     return model, corpus
 
 
 def _env():
     # one thread per process on both sides, as torchrun sets it, so float results are comparable
-    return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return cli_env(OMP_NUM_THREADS="1")
 
 
 def _args(model, corpus, out, store, batch_size=1, max_length=None):
@@ -205,12 +190,12 @@ def test_killed_rank_and_resume(setup, tmp_path, victim):
     after_shards, extra_sleep = rng.randrange(0, 3), rng.uniform(0.0, 0.8)
     where = f"seed {seed}: rank {victim} killed after {after_shards} shard(s) + {extra_sleep:.2f} s"
     script = tmp_path / "slow_fullece.py"
-    script.write_text(_SLOW_SCRIPT)
+    script.write_text(SLOW_CLI)
     pids = tmp_path / "pids"
     pids.mkdir()
     run = tmp_path / "run"
     args = _args(model, corpus, run, "topk", batch_size=2)
-    proc = _torchrun(str(script), *args, env=dict(_env(), PID_DIR=str(pids)))
+    proc = _torchrun(str(script), *args, env=slow_env(0.4, pid_dir=pids, OMP_NUM_THREADS="1"))
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
         if (pids / f"rank-{victim}").exists() and _committed(run, victim) >= after_shards:

@@ -21,27 +21,14 @@ from pipeline.extract import ExtractError, run_extraction  # noqa: E402
 from pipeline.store.lock import RunLock, RunLockedError  # noqa: E402
 from pipeline.store.manifest import load_manifest  # noqa: E402
 from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus  # noqa: E402
+from tests.helpers.processes import CLI, ROOT, SLOW_CLI, cli_env, slow_env  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 QUIET = {"progress": False, "device": "cpu"}
-
-_CLI = "import sys; from pipeline.cli import main; sys.exit(main())"
-_SLOW_CLI = """
-import sys, time
-import pipeline.extract.loop as r
-_orig = r.forward_logits
-def _slow(lm, inputs):
-    time.sleep(1.0)
-    return _orig(lm, inputs)
-r.forward_logits = _slow
-from pipeline.cli import main
-sys.exit(main())
-"""
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return build_gpt2(tmp_path_factory.mktemp("m") / "gpt2", scale=0.5)
+def model(tiny_gpt2):
+    return tiny_gpt2
 
 
 @pytest.fixture(scope="module")
@@ -82,21 +69,32 @@ def test_lock_names_the_holder_and_is_released(tmp_path):
 
 @pytest.mark.slow
 def test_second_extract_process_refuses(model, corpus, tmp_path):
+    """A second extraction into a run being written is refused, names the
+    writer, and leaves the first one to complete a valid run. The first one is
+    held back (every forward pass waits while `hold` exists) until the second
+    has been refused, then released to finish at full speed."""
     out = tmp_path / "run"
     args = ["extract", "--model", str(model), "--corpus", str(corpus), "--out", str(out)]
     args += ["--device", "cpu", "--quiet", "--batch-size", "1", "--shard-positions", "40"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    hold = tmp_path / "hold"
+    hold.touch()
     first = subprocess.Popen(
-        [sys.executable, "-c", _SLOW_CLI, *args], cwd=ROOT, env=env, stderr=subprocess.PIPE
+        [sys.executable, "-c", SLOW_CLI, *args],
+        cwd=ROOT,
+        env=slow_env(600, while_exists=hold),
+        stderr=subprocess.PIPE,
     )
-    deadline = time.time() + 120
-    while time.time() < deadline and not (out / "manifest.json").exists():
-        assert first.poll() is None, first.stderr.read().decode()[-2000:]
-        time.sleep(0.05)
-    second = subprocess.run(
-        [sys.executable, "-c", _CLI, *args], cwd=ROOT, env=env, capture_output=True
-    )
-    still_running = first.poll() is None
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (out / "manifest.json").exists():
+            assert first.poll() is None, first.stderr.read().decode()[-2000:]
+            time.sleep(0.05)
+        second = subprocess.run(
+            [sys.executable, "-c", CLI, *args], cwd=ROOT, env=cli_env(), capture_output=True
+        )
+        still_running = first.poll() is None
+    finally:
+        hold.unlink()
     assert first.wait(timeout=300) == 0, first.stderr.read().decode()[-2000:]
     assert still_running, "the first extraction ended before the second one started"
     assert second.returncode != 0

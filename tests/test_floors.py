@@ -412,7 +412,7 @@ def test_sums_kept_before_floors_are_rescanned(tmp_path):
     next `metrics` rescans the positions and keeps the new sums."""
     from pipeline.aggregate import ensure_tables, read_tables_meta
     from pipeline.analysis.metrics import metrics_for_run
-    from pipeline.analysis.positions import _scores_path
+    from pipeline.analysis.positions import SCORES_VERSION, _scores_path
     from tests.helpers.analysis_runs import dense_case, write_run
 
     case = dense_case(120, 12, seed=9)
@@ -427,7 +427,7 @@ def test_sums_kept_before_floors_are_rescanned(tmp_path):
     result = metrics_for_run(tmp_path / "run", (10,), quiet=True)
     want = noise_floors(case.probs, case.labels, 10)
     assert result["bins"][0]["full_ece_floor"] == pytest.approx(want["full_ece_floor"], rel=1e-9)
-    assert json.loads(path.read_text())["schema_version"] == 2
+    assert json.loads(path.read_text())["schema_version"] == SCORES_VERSION
 
 
 @pytest.mark.slow

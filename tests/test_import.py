@@ -503,16 +503,16 @@ def test_model_dir_gives_the_vocabulary_size(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def model_case(tmp_path_factory):
+def model_case(tmp_path_factory, tiny_gpt2):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus
+    from tests.helpers.extract_models import synthetic_texts, write_corpus
 
     base = tmp_path_factory.mktemp("import-model")
-    model = build_gpt2(base / "gpt2", scale=0.5)
+    model = tiny_gpt2
     texts = synthetic_texts(24, seed=5, min_words=1, max_words=20)
     texts[2] = "a"  # one token: skipped by both
     corpus = write_corpus(base / "c.txt", texts)

@@ -417,6 +417,31 @@ def test_temperature_scan_matches_dense_and_brute_force(true_t):
     assert result["best"]["nll"] <= min(r["nll"] for r in result["grid"])
 
 
+def test_temperature_nll_where_the_probability_of_record_underflows():
+    """Where a label's probability of record underflows to 0, temperature's NLL takes
+    −ln p from the logits (float64 log-softmax): finite, and the literal value elsewhere."""
+    case = dense_case(120, 20, seed=4)
+    logits = np.asarray(case.logits, np.float32).copy()
+    rows = np.arange(case.n)
+    logits[:7, :] = 0.0
+    logits[rows[:7], case.labels[:7]] = -120.0  # p ~ e^-120 < 2^-150 at T = 1: float32 0
+    result = temperature_scan(logits, case.labels, n_bins=10, grid=(0.5, 2.0, 3))
+    for row in result["grid"]:
+        t = row["temperature"]
+        x = logits / np.float32(t)
+        p32 = np.exp(x - float32_lse(x)[:, None]).astype(np.float32)
+        label_p = p32[rows, case.labels].astype(np.float64)
+        z = logits.astype(np.float64) / t
+        top = z.max(axis=1)
+        log_softmax = z[rows, case.labels] - top - np.log(np.exp(z - top[:, None]).sum(axis=1))
+        with np.errstate(divide="ignore"):
+            terms = np.where(label_p > 0, -np.log(label_p), -log_softmax)
+        if t <= 1:  # e^(-120/T) < 2^-150: the case underflows
+            assert (label_p[:7] == 0).all()
+        assert math.isfinite(row["nll"])
+        assert row["nll"] == pytest.approx(terms.mean(), rel=1e-12)
+
+
 def test_temperature_optimum_beyond_the_grid():
     case = dense_case(300, 20, seed=12, temperature=9.0, scale=4.0)
     result = temperature_scan(case.logits, case.labels, grid=(0.5, 2.0, 5))
@@ -454,7 +479,7 @@ def test_temperature_command(runs):
 
 
 @pytest.mark.slow
-def test_tiny_model_runs_full_and_topk(tmp_path):
+def test_tiny_model_runs_full_and_topk(tmp_path, tiny_gpt2):
     """A tiny GPT-2 extracted in both stores; every new figure against a plain
     per-document forward pass (float32 log-softmax), the dense reference."""
     torch = pytest.importorskip("torch")
@@ -462,9 +487,9 @@ def test_tiny_model_runs_full_and_topk(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.extract import run_extraction
-    from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus
+    from tests.helpers.extract_models import synthetic_texts, write_corpus
 
-    model = build_gpt2(tmp_path / "gpt2", scale=0.5)
+    model = tiny_gpt2
     corpus = write_corpus(
         tmp_path / "c.txt", synthetic_texts(12, seed=3, min_words=3, max_words=20)
     )

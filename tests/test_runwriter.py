@@ -13,16 +13,16 @@ pytest.importorskip("transformers")
 
 from pipeline.extract import ExtractError, RunWriter, run_extraction  # noqa: E402
 from pipeline.store.manifest import load_manifest  # noqa: E402
-from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus  # noqa: E402
+from tests.helpers.extract_models import synthetic_texts, write_corpus  # noqa: E402
 
 QUIET = {"progress": False, "device": "cpu"}
 TABLES = ("class_bins", "top1_bins", "tokens", "seq_bins")
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, tiny_gpt2):
     base = tmp_path_factory.mktemp("rw")
-    model = build_gpt2(base / "gpt2", scale=0.5)
+    model = tiny_gpt2
     texts = synthetic_texts(25, seed=3, min_words=2, max_words=25)
     corpus = write_corpus(base / "c.txt", texts)
     return model, corpus, texts

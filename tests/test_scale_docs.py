@@ -15,24 +15,13 @@ pytest.importorskip("torchmetrics")
 
 from pipeline.core.probability import probs_of_record  # noqa: E402
 from pipeline.metrics import ece, full_ece  # noqa: E402
-from tests.helpers.extract_models import build_gpt2, synthetic_texts  # noqa: E402
+from tests.helpers.extract_models import build_gpt2, synthetic_texts, token_sequences  # noqa: E402
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "scale.md"
 
 
 def _python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
-
-
-class _Sequences(torch.utils.data.Dataset):
-    def __init__(self, ids):
-        self.ids = ids
-
-    def __len__(self):
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i]}
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +105,9 @@ def test_mlflow_snippet(tiny, tmp_path, monkeypatch):
     metric.update(logits, labels)
     probs = probs_of_record(logits)
     mlflow.set_tracking_uri(uri)
+    # an earlier test's experiment (the Trainer's MLflow callback sets one) stays the
+    # process's active one; it does not exist in this new store
+    mlflow.set_experiment("scale-docs")
     try:
         with mlflow.start_run() as run:
             exec(_block("mlflow.log_metrics"), {"metric": metric, "step": 3})
@@ -139,8 +131,8 @@ def test_trainer_snippet(tiny, tmp_path, capsys):
         "model": tiny["model"],
         "tokenizer": tiny["tokenizer"],
         "out_dir": tmp_path / "out",
-        "train_dataset": _Sequences(tiny["ids"] * 4),
-        "eval_dataset": _Sequences(tiny["ids"]),
+        "train_dataset": token_sequences(tiny["ids"] * 4),
+        "eval_dataset": token_sequences(tiny["ids"]),
     }
     exec(_block("CalibrationTracker"), namespace)
     printed = capsys.readouterr().out

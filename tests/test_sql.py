@@ -15,10 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.aggregate import load_run_tables
-from pipeline.analysis.sql import SANDBOX_SETTINGS, run_query, statements
+from pipeline.analysis.sql import SANDBOX_SETTINGS, statements
 from pipeline.cli.metrics import metrics
 from pipeline.cli.sql import sql
 from tests.helpers.analysis_runs import dense_case, dense_doc_full_ece, write_run
+from tests.helpers.sql import query_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
@@ -111,7 +112,7 @@ def check_run(name, names, rows, case, met):
         rare = np.flatnonzero((counts >= 1) & (counts <= 10))
         row = dict(zip(names, rows[0], strict=True))
         assert row["classes"] == rare.size
-        assert row["occurrences"] == counts[rare].sum()
+        assert row["occurrences"] == int(counts[rare].sum())  # a HUGEINT sum: Decimal
         mass = case.probs[:, rare].astype(np.float64).sum()
         assert row["predicted_mass"] == pytest.approx(mass, rel=1e-9)
         # cw-ECE share at M=10 from the dense matrix, restricted to rare classes
@@ -177,7 +178,7 @@ def test_example(runs, imported, source, name, query, several):
         return
     pool = imported if name == "tail_bounds" else runs
     labels = sorted(pool) if several else sorted(pool)[-1:]
-    names, rows = run_query([pool[label][0] for label in labels], query)
+    names, rows = query_rows([pool[label][0] for label in labels], query)
     assert names[0] == "run"
     assert sorted({r[0] for r in rows}) == labels
     for label in labels:
@@ -198,20 +199,20 @@ def test_command_line_examples(run, source, query):
 
 def test_views_and_manifest(run):
     run_dir, case, met = run
-    names, rows = run_query([run_dir], "SELECT run, store, vocab_size, positions FROM manifest")
+    names, rows = query_rows([run_dir], "SELECT run, store, vocab_size, positions FROM manifest")
     assert rows == [("sql-run", "topk", 40, 900)]
-    _, rows = run_query([run_dir], "SELECT count(*) FROM positions")
+    _, rows = query_rows([run_dir], "SELECT count(*) FROM positions")
     assert rows[0][0] == 900
-    _, rows = run_query([run_dir], "SELECT sum(n) FROM class_bins")
+    _, rows = query_rows([run_dir], "SELECT sum(n) FROM class_bins")
     assert rows[0][0] == 900 * 40
     tables = load_run_tables(run_dir)
-    _, rows = run_query([run_dir], "SELECT fine_bins, m_exact FROM meta")
+    _, rows = query_rows([run_dir], "SELECT fine_bins, m_exact FROM meta")
     assert rows[0] == (tables.fine_bins, tables.m_exact)
 
 
 def test_several_runs_group_by_run(runs):
     dirs = [runs[label][0] for label in ("sql-run", "other")]
-    _, rows = run_query(dirs, "SELECT run, sum(hits) FROM class_bins GROUP BY run ORDER BY run")
+    _, rows = query_rows(dirs, "SELECT run, sum(hits) FROM class_bins GROUP BY run ORDER BY run")
     assert rows == [("other", 300), ("sql-run", 900)]
 
 
@@ -243,4 +244,4 @@ def test_views_are_read_only(run):
     import duckdb
 
     with pytest.raises(duckdb.Error):
-        run_query([run_dir], "DELETE FROM class_bins")
+        query_rows([run_dir], "DELETE FROM class_bins")

@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipeline.analysis.sql import SqlError, check_export_path, connect, export, run_query
+from pipeline.analysis.sql import SqlError, check_export_path, connect, export
 from pipeline.cli import main
 from tests.helpers.analysis_runs import dense_case, write_run
+from tests.helpers.sql import query_rows
 
 N, K = 240, 30
 
@@ -97,7 +98,7 @@ def test_manifest_field_is_no_sql(run, tmp_path):
     assert str(N) in res.stdout
     assert not pwned.exists()
     # the field is of the wrong type for model_path: NULL there, verbatim in manifest_json
-    _, rows = run_query([run], "SELECT model_path, manifest_json FROM manifest")
+    _, rows = query_rows([run], "SELECT model_path, manifest_json FROM manifest")
     assert rows[0][0] is None
     assert json.loads(rows[0][1])["model"]["path"] == [payload(pwned)]
 
@@ -115,9 +116,9 @@ def test_label_is_no_sql(run, tmp_path):
     pwned = tmp_path / "PWNED.csv"
     label = f"x' AS run, 1; COPY (SELECT 42) TO '{pwned}'; SELECT '"
     edit_json(run / "manifest.json", lambda m: m.update(label=label))
-    _, rows = run_query([run], "SELECT DISTINCT run FROM class_bins")
+    _, rows = query_rows([run], "SELECT DISTINCT run FROM class_bins")
     assert rows == [(label,)]
-    _, rows = run_query([run], "SELECT run FROM manifest UNION ALL SELECT run FROM meta")
+    _, rows = query_rows([run], "SELECT run FROM manifest UNION ALL SELECT run FROM meta")
     assert rows == [(label,), (label,)]
     assert not pwned.exists()
 
@@ -128,7 +129,7 @@ def test_wrong_typed_manifest_fields_are_null(run):
         m["created"] = 20240101  # a number where a string belongs
 
     edit_json(run / "manifest.json", edit)
-    names, rows = run_query([run], "SELECT tau, created, vocab_size, manifest_json FROM manifest")
+    names, rows = query_rows([run], "SELECT tau, created, vocab_size, manifest_json FROM manifest")
     row = dict(zip(names, rows[0], strict=True))
     assert row["tau"] is None and row["created"] is None and row["vocab_size"] == K
     assert json.loads(row["manifest_json"])["settings"]["tau"] == "high"
@@ -145,7 +146,7 @@ def test_non_finite_meta_json_numbers_do_not_break_the_views(run, value):
     edit_json(run / "tables" / "meta.json", lambda m: m.update(tail_max=value, m_exact=value))
     res = cli("sql", run, "SELECT tail_max, m_exact, positions FROM meta")
     assert res.exit_code == 0, res.output
-    _, rows = run_query([run], "SELECT tail_max, m_exact, positions FROM meta")
+    _, rows = query_rows([run], "SELECT tail_max, m_exact, positions FROM meta")
     tail_max, m_exact, positions = rows[0]
     # NULL, or the true values when the altered meta.json was rebuilt
     assert tail_max is None or math.isfinite(tail_max)
@@ -347,7 +348,7 @@ def test_only_printed_rows_become_python_objects(run):
 def test_show_tables_lists_the_run_views_only(run, built):
     edit_json(run / "manifest.json", lambda m: m.update(label="copy"))
     for runs in ([run], [run, built]):
-        _, rows = run_query(runs, "SHOW TABLES")
+        _, rows = query_rows(runs, "SHOW TABLES")
         assert sorted(r[0] for r in rows) == sorted(
             [
                 "class_bins",

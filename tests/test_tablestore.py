@@ -10,7 +10,23 @@ import pytest
 from pipeline.core.accumulator import CalibrationAccumulator
 from pipeline.core.metrics import compute_metrics
 from pipeline.store.schema import SchemaVersionError
-from pipeline.store.tablestore import load_tables, save_tables
+from pipeline.store.tablestore import load_tables, tables_meta, write_meta, write_table_file
+
+
+def save_tables(tables, directory) -> None:
+    """`tables` written by the calls aggregate writes its tables with (each
+    table file, then meta.json with their checksums)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.to_arrow().items():
+        write_table_file(table, directory / f"{name}.parquet")
+    meta = tables_meta(
+        fine_bins=tables.fine_bins,
+        vocab_size=tables.vocab_size,
+        positions=tables.positions,
+        tail_max=tables.tail_max,
+        sources=tables.sources,
+    )
+    write_meta(directory, meta)
 
 
 def _tables():

@@ -18,7 +18,7 @@ from pipeline import PAPER_BINS  # noqa: E402
 from pipeline.core.probability import probs_of_record  # noqa: E402
 from pipeline.integrations.transformers import CalibrationTracker  # noqa: E402
 from pipeline.metrics import calibration_errors  # noqa: E402
-from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus  # noqa: E402
+from tests.helpers.extract_models import build_gpt2, synthetic_texts, token_sequences, write_corpus  # noqa: E402
 
 
 def test_hooks_shift_labels_and_return_something_tiny():
@@ -44,17 +44,6 @@ def test_hooks_shift_labels_and_return_something_tiny():
     assert int(tracker.metric.positions) == 0  # reset for the next evaluation
     with pytest.raises(ValueError, match="needs labels"):
         tracker.preprocess_logits_for_metrics(logits, None)
-
-
-class _Sequences(torch.utils.data.Dataset):
-    def __init__(self, ids):
-        self.ids = ids
-
-    def __len__(self):
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i]}
 
 
 @pytest.mark.slow
@@ -83,7 +72,7 @@ def test_trainer_logs_the_values_of_extract_and_metrics(tmp_path, batch_eval_met
 
     train_texts = synthetic_texts(32, seed=1, min_words=2, max_words=12)
     eval_texts = synthetic_texts(10, seed=2, min_words=2, max_words=12)
-    train, evaluation = _Sequences(encode(train_texts)), _Sequences(encode(eval_texts))
+    train, evaluation = token_sequences(encode(train_texts)), token_sequences(encode(eval_texts))
 
     tracker = CalibrationTracker(vocab_size=k)
     args = TrainingArguments(

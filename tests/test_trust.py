@@ -662,14 +662,14 @@ def test_validate_reports_table_of_other_run_inputs(run, tmp_path, case):
 
 
 @pytest.fixture(scope="module")
-def extracted(tmp_path_factory):
+def extracted(tmp_path_factory, tiny_gpt2):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from pipeline.extract import run_extraction
-    from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus
+    from tests.helpers.extract_models import synthetic_texts, write_corpus
 
     base = tmp_path_factory.mktemp("trust-e2e")
-    model = build_gpt2(base / "gpt2", scale=0.5)
+    model = tiny_gpt2
     corpus = write_corpus(base / "c.txt", synthetic_texts(24, seed=9, max_words=16))
     runs = {}
     for store in ("topk", "full"):

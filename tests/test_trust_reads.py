@@ -344,15 +344,15 @@ def test_chunk_swapped_while_tables_current_temperature(tmp_path, case):
 
 
 @pytest.mark.slow
-def test_extracted_store_carries_chunk_index(tmp_path):
+def test_extracted_store_carries_chunk_index(tmp_path, tiny_gpt2):
     """The extractor writes the chunk index; a chunk swapped in its store is refused."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from pipeline.extract import run_extraction
     from pipeline.store.shards import CHUNK_INDEX_NAME
-    from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus
+    from tests.helpers.extract_models import synthetic_texts, write_corpus
 
-    model = build_gpt2(tmp_path / "gpt2", scale=0.5)
+    model = tiny_gpt2
     corpus = write_corpus(tmp_path / "c.txt", synthetic_texts(16, seed=4, max_words=16))
     d = tmp_path / "full"
     run_extraction(model, corpus, d, store="full", shard_positions=60, progress=False, device="cpu")

@@ -26,6 +26,7 @@ import pytest
 
 from pipeline.store.validate import find_problems
 from tests.helpers.analysis_runs import dense_case, dense_reference, kept_mask, write_run
+from tests.helpers.processes import ROOT
 from tests.test_trust import (
     assert_clear_error,
     cli,
@@ -357,11 +358,43 @@ def _run_tables(path: Path) -> dict:
     }
 
 
+# One `fullece aggregate` writer per process, kept running for all trials: trial
+# t waits until both writers are at t (a file each), then runs the command's
+# entry point in this process and reports its exit status and everything it
+# printed (an uncaught exception: status 1 and its traceback, as the console
+# script would print it).
+_RACER = r"""
+import contextlib, io, json, sys, time, traceback
+from pathlib import Path
+from pipeline.cli import main
+
+run, meet, me, outs = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4:]
+other = "b" if me == "a" else "a"
+for trial, out in enumerate(outs):
+    (meet / f"{trial}-{me}").touch()
+    while not (meet / f"{trial}-{other}").exists():
+        time.sleep(0.001)
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+        try:
+            main(["aggregate", run, "--out", out, "--quiet"])
+            rc = 0
+        except SystemExit as stop:
+            rc = stop.code if isinstance(stop.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            rc = 1
+    print(json.dumps({"trial": trial, "rc": rc, "text": text.getvalue()}), flush=True)
+"""
+
+
 @pytest.mark.slow
 def test_concurrent_aggregates_into_one_out(tmp_path):
     """Two `aggregate` processes into one --out, 10 trials: each exits 0 or
     says "locked"; the directory then holds one complete merge, never files
-    of both."""
+    of both. The two writers start each trial together (they meet at a file
+    barrier); trial 0 is each process's first aggregate, the later ones run
+    warm, within about a millisecond of each other."""
     runs, refs = [], []
     for i, seed in enumerate((11, 12)):
         d = tmp_path / f"run{i}"
@@ -369,30 +402,38 @@ def test_concurrent_aggregates_into_one_out(tmp_path):
         assert cli("aggregate", d, "--quiet").exit_code == 0
         runs.append(d)
         refs.append(_run_tables(d / "tables"))
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [str(Path(sys.executable).parent / "fullece")]
+    trials = 10
+    outs = [str(tmp_path / f"out{trial}") for trial in range(trials)]
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACER, str(d), str(meet), me, *outs],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for d, me in zip(runs, "ab", strict=True)
+    ]
+    reports = []
+    for writer in writers:
+        out, err = writer.communicate(timeout=600)
+        assert writer.returncode == 0, err[-3000:]
+        reports.append([json.loads(line) for line in out.splitlines()])
+        assert [r["trial"] for r in reports[-1]] == list(range(trials)), err[-3000:]
+    from pipeline.store.tablestore import verify_tables
+
     outcomes = []
-    for trial in range(10):
-        out = tmp_path / f"out{trial}"
-        procs = [
-            subprocess.Popen(
-                [*cmd, "aggregate", str(d), "--out", str(out), "--quiet"],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for d in (runs if trial % 2 else runs[::-1])
-        ]
-        results = [(p.wait(timeout=300), p.stdout.read() + p.stderr.read()) for p in procs]
+    for trial in range(trials):
+        results = [(mine[trial]["rc"], mine[trial]["text"]) for mine in reports]
         for rc, text in results:
             assert rc == 0 or ("locked" in text and len(text.strip().splitlines()) == 1), text
         assert any(rc == 0 for rc, _ in results)
         outcomes.append(tuple(rc for rc, _ in results))
-        from pipeline.store.tablestore import verify_tables
-
-        meta = verify_tables(out)
-        got = _run_tables(out)
+        meta = verify_tables(outs[trial])
+        got = _run_tables(Path(outs[trial]))
         which = [all(got[n].equals(ref[n]) for n in got) for ref in refs]
         assert any(which), f"trial {trial}: tables of neither run alone"
         label = meta["runs"][0]["label"]

@@ -30,9 +30,9 @@ def runs(request, tmp_path_factory):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from pipeline.extract import run_extraction
-    from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus
+    from tests.helpers.extract_models import synthetic_texts, write_corpus
 
-    model = build_gpt2(base / "gpt2", scale=0.5)
+    model = request.getfixturevalue("tiny_gpt2")
     corpus = write_corpus(base / "c.txt", synthetic_texts(30, seed=5, max_words=20))
     for store, run_dir in out.items():
         run_extraction(

@@ -150,6 +150,22 @@ def _aggregate_topk_shard(
     return meta
 
 
+def _warm_up_dense(fine_bins: int, rows: int = 300) -> None:
+    """Load (or compile) the dense kernels of a full-store shard on a small
+    block of the stored types (float32 logits, int32 labels, int64 doc ids),
+    K = 2, before the map step's bar opens."""
+    import numpy as np
+
+    from pipeline.core.accumulator import CalibrationAccumulator
+
+    logits = np.linspace(-8, 8, 2 * rows, dtype=np.float32).reshape(rows, 2)
+    lse = np.logaddexp(logits[:, 0], logits[:, 1]).astype(np.float32)
+    acc = CalibrationAccumulator(vocab_size=2, fine_bins=fine_bins)
+    labels = (np.arange(rows) % 2).astype(np.int32)
+    acc.update_logits(logits, labels, np.zeros(rows, np.int64), logsumexp=lse)
+    acc.compute()
+
+
 def _aggregate_full_shard(shard: Shard, part_dir: Path, fine_bins: int, bar=None) -> dict:
     from pipeline.core.accumulator import CalibrationAccumulator
     from pipeline.core.checks import InputError
@@ -302,6 +318,15 @@ def build_parts(
     total = sum(s.rows for _, s, _ in todo)
     topk = [t for t in todo if t[1].store == "topk"]
     metas = {}
+    from pipeline.progress import notice
+
+    notice("aggregate: loading the aggregation kernel (compiled on first use) ...", progress)
+    if topk:
+        from pipeline.aggregate.topk_pass import warm_up
+
+        warm_up(fine_bins)
+    if len(topk) < len(todo):
+        _warm_up_dense(fine_bins)
     with _progress(total, "aggregate", progress) as bar:
         for _run, shard, part_dir in todo:
             if shard.store != "topk":

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from pipeline import DEFAULT_FINE_BINS
@@ -40,6 +39,7 @@ from pipeline.aggregate.reduce import (
     memory_rows,
 )
 from pipeline.aggregate.shard_map import PartCache, _release_map_memory, build_parts
+from pipeline.progress import notice
 from pipeline.store import tablestore
 from pipeline.store.lock import RunLock
 from pipeline.store.run import AggregateError, open_run, open_runs
@@ -94,10 +94,12 @@ def aggregate(
             parts, _ = build_parts(
                 runs, out, fine_bins, progress=progress, parts_base=parts_base, kept=kept
             )
+            notice(f"aggregate: summing the partial tables of {len(parts)} shard(s) ...", progress)
             meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir, kept)
             from pipeline.analysis.positions import write_scores
 
-            write_scores(runs, out, meta)  # NLL, Brier, entropy sums, cached: metrics need not scan
+            # NLL, Brier, entropy sums, cached: metrics need not scan
+            write_scores(runs, out, meta, progress=progress)
         finally:
             _release_map_memory()  # nothing of the map step outlives the call
             shutil.rmtree(temp_dir, ignore_errors=True)
@@ -210,7 +212,7 @@ def _ensure(run_dirs: list[Path], tables_dir: Path, quiet: bool, *, plain: bool)
         tables_dir = cache
     if not quiet:
         names = ", ".join(str(d) for d in run_dirs)
-        print(f"fullece: aggregating {names} ({reason}) ...", file=sys.stderr)
+        notice(f"aggregating {names} ({reason}) ...")
     fine = _existing_fine_bins(tables_dir)
     aggregate(run_dirs, tables_dir, fine_bins=fine, progress=not quiet, allow_mixed_models=plain)
     problem = _shard_problem(runs, tables_dir)

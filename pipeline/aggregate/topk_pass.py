@@ -66,6 +66,44 @@ def _kernels():
     return _topk_kernel
 
 
+def warm_up(fine_bins: int, rows: int = 1000) -> None:
+    """Load (or, on first use, compile) the kernels on a small batch of the
+    positions schema, so the map step's bar never sits at 0% while numba works.
+    K = 2 (the per-class columns are strided views, as in every real shard)
+    and `rows` spread over the bins, so the class table grows once (the
+    rehash kernel too); the capacity hints are left as they were."""
+    import pyarrow as pa
+
+    from pipeline.store.schema import POSITIONS
+
+    p = ((np.arange(rows) + 0.5) / rows).astype(np.float32)
+    top1 = (p < 0.5).astype(np.int32)
+    columns = {
+        "doc_id": np.zeros(rows, np.int64),
+        "window": np.zeros(rows, np.int32),
+        "offset": np.arange(rows, dtype=np.int32),
+        "label": np.zeros(rows, np.int32),
+        "label_prob": p,
+        "top1_id": top1,
+        "top1_prob": np.maximum(p, 1 - p),
+        "entropy": np.zeros(rows, np.float32),
+        "kept_ids": [[0, 1]] * rows,
+        "kept_probs": np.stack([p, 1 - p], axis=1).tolist(),
+        "tail_count": np.zeros(rows, np.int32),
+        "tail_mass": np.zeros(rows, np.float64),
+        "tail_max": np.zeros(rows, np.float32),
+        "sum_p2": (p.astype(np.float64) ** 2 + (1 - p.astype(np.float64)) ** 2),
+    }
+    hints = dict(_capacity_hint)
+    try:
+        state = TopkShardPass(vocab_size=2, fine_bins=fine_bins)
+        table = pa.table({name: columns[name] for name in POSITIONS.names}, schema=POSITIONS)
+        state.add_batch(table.to_batches()[0])
+        state.tables()
+    finally:
+        _capacity_hint.update(hints)
+
+
 def _flush_document(state) -> None:
     if state._current[fmt.CURRENT_OPEN]:
         state._reserve_seq_rows()

@@ -285,7 +285,12 @@ def scan_run(
 
 
 def _scan_runs(
-    runs, *, progress: bool = False, keep_pairs: bool = True, fine_bins: int | None = None
+    runs,
+    *,
+    progress: bool = False,
+    keep_pairs: bool = True,
+    fine_bins: int | None = None,
+    name: str = "positions",
 ) -> PositionScan:
     from pipeline.store.run import iter_positions, open_positions
 
@@ -294,7 +299,7 @@ def _scan_runs(
     if progress:
         from pipeline.progress import progress_bar
 
-        bar = progress_bar("positions", total=sum(s.rows for run in runs for s in run.shards))
+        bar = progress_bar(name, total=sum(s.rows for run in runs for s in run.shards))
     for run, shard in ((r, s) for r in runs for s in r.shards):
         if shard.rows == 0:
             continue
@@ -358,7 +363,7 @@ def _scores_path(meta: dict) -> Path:
     return private_cache_dir("scores") / f"{_inputs_key(meta)}.json"
 
 
-def write_scores(runs, tables_dir, meta: dict) -> dict:
+def write_scores(runs, tables_dir, meta: dict, *, progress: bool = False) -> dict:
     """Scan the runs' (verified) positions once for the NLL, Brier and entropy
     sums and keep them in the user's cache (see _scores_path), so that
     ``fullece metrics`` reads no position again while the cache holds them.
@@ -366,7 +371,13 @@ def write_scores(runs, tables_dir, meta: dict) -> dict:
     returns the sums. `tables_dir` is unused: kept for the callers' order."""
     from pipeline.store import atomic
 
-    sums = _scan_runs(runs, keep_pairs=False, fine_bins=meta.get("fine_bins")).sums()
+    sums = _scan_runs(
+        runs,
+        progress=progress,
+        keep_pairs=False,
+        fine_bins=meta.get("fine_bins"),
+        name="aggregate scores",
+    ).sums()
     record = {"schema_version": SCORES_VERSION, "inputs": _inputs_key(meta), **sums}
     atomic.write_json(_scores_path(meta), record)
     return sums

@@ -26,6 +26,7 @@ import numpy as np
 
 from pipeline import PAPER_BINS
 from pipeline.core.registry import PAPER_METRICS
+from pipeline.progress import notice
 
 RELIABILITY_BINS = 10
 OVER_COLOR = "#d62728"  # overconfident gap (reliability diagrams only)
@@ -123,6 +124,7 @@ def prepare_run(
         from pipeline.analysis.positions import scan_run
 
         scan = scan_run(run_dir, progress=not quiet)
+        notice("report: computing the metrics (the smooth ECE loads relplot first) ...", not quiet)
         metrics = metrics_for_run(run_dir, bins, quiet=quiet, scan=scan)
         top1 = scan.top1_pairs()
         if open_run(run_dir).store == "full":
@@ -1223,6 +1225,7 @@ def write_report(run_dirs, out_dir, *, quiet: bool = False, force: bool = False)
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_record(out_dir, {**record, **dict.fromkeys(names)})
     runs = [prepare_run(d, quiet=quiet) for d in run_dirs]
+    notice(f"report: drawing the figures into {out_dir} ...", not quiet)
     figures = [
         (f["title"], save_figure(f["plot"](f["data"]), out_dir / f["file"]), f["data"]["caption"])
         for f in prepare_figures(runs)

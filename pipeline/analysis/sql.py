@@ -331,17 +331,6 @@ def fetch_head(con, statement: str, max_rows: int = 200):
     return names, head, total
 
 
-def run_query(run_dirs, query: str, *, quiet: bool = True, partial: bool = False):
-    """(column names, rows) of `query` over the views of `run_dirs`."""
-    con = connect(run_dirs, quiet=quiet, partial=partial)
-    try:
-        cur = con.execute(query)
-        names = [d[0] for d in cur.description] if cur.description else []
-        return names, cur.fetchall() if cur.description else []
-    finally:
-        con.close()
-
-
 def format_table(names, rows, max_rows: int = 200, total: int | None = None) -> str:
     """`rows` as an aligned text table: the first `max_rows`, then how many
     more there are (`total`: the full row count when only a head was fetched)."""

@@ -13,17 +13,27 @@ from pipeline.store.manifest import RunError
 TEMPERATURE_JSON_VERSION = 1
 
 
-def _run_blocks(run, progress: bool):
+def pass_name(number: int, grid_points: int) -> str:
+    """The bar of a pass over the logits: numbered, and what it does (the first
+    evaluates the grid; the later ones, as many as it takes, locate T*)."""
+    what = f"grid of {grid_points} T" if number == 1 else "locating T*"
+    return f"temperature pass {number} ({what})"
+
+
+def _run_blocks(run, progress: bool, grid_points: int):
     from pipeline.store.run import iter_logit_blocks, read_positions
 
     total = sum(s.rows for s in run.shards)
+    passes = 0
 
     def blocks():
+        nonlocal passes
+        passes += 1
         bar = None
         if progress:
             from pipeline.progress import progress_bar
 
-            bar = progress_bar("temperature pass", total=total, leave=False)
+            bar = progress_bar(pass_name(passes, grid_points), total=total, leave=False)
         for shard in run.shards:
             if shard.rows == 0:
                 continue
@@ -68,7 +78,7 @@ def temperature_for_run(
         n_bins=n_bins,
         grid=grid,
         rtol=rtol,
-        blocks=_run_blocks(run, progress=not quiet),
+        blocks=_run_blocks(run, progress=not quiet, grid_points=int(grid[2])),
     )
     from pipeline.store.run import describe_coverage
 

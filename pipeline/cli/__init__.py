@@ -107,7 +107,9 @@ class TopLevelGroup(LazyGroup):
     """Every error is one line on stderr (exit 1): a command's own message
     (multi-line ones, such as DuckDB's, joined), and any exception a command
     does not turn into a message, with a hint to rerun with --debug for the
-    traceback."""
+    traceback. Ctrl-C is one line too, no traceback, exit 130: what is kept and
+    the command that resumes (a command's own `resumable` words, else a
+    generic line)."""
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         if not standalone_mode:
@@ -116,7 +118,14 @@ class TopLevelGroup(LazyGroup):
             return super().main(*args, standalone_mode=False, **kwargs)
         except click.exceptions.Exit as err:
             sys.exit(err.exit_code)
-        except click.Abort:
+        except click.Abort as err:
+            if isinstance(err.__cause__, KeyboardInterrupt):  # click's wrapping of Ctrl-C
+                from pipeline.cli.common import INTERRUPTED_EXIT, rerun_command
+                from pipeline.progress import notice
+
+                argv = kwargs.get("args", args[0] if args else None)
+                notice(f"interrupted; to run it again: {rerun_command(argv)}")
+                sys.exit(INTERRUPTED_EXIT)
             click.echo("Aborted!", err=True)
             sys.exit(1)
         except click.ClickException as err:

@@ -9,7 +9,8 @@ import click
 
 from pipeline import DEFAULT_FINE_BINS, MAX_BINS
 from pipeline.aggregate import DEFAULT_MEMORY_LIMIT, aggregate
-from pipeline.cli.common import fail
+from pipeline.cli.common import fail, resumable, shards_text
+from pipeline.progress import notice
 from pipeline.store.manifest import RunError
 from pipeline.store.schema import SchemaVersionError
 
@@ -77,15 +78,25 @@ def aggregate_command(run_dirs, out, fine_bins, memory_limit, quiet, allow_mixed
     slices) and come from one model (unless --allow-mixed-models).
     """
     t0 = time.perf_counter()
+    shards = shards_text(run_dirs)
+    notice(
+        f"aggregate: verifying {shards or 'the shards'} against the manifest ...",
+        not quiet,
+    )
+    how = (
+        "the partial tables of the shards already done are kept and reused; "
+        "the same command resumes"
+    )
     try:
-        out_dir, meta = aggregate(
-            list(run_dirs),
-            out,
-            fine_bins,
-            memory_limit,
-            progress=not quiet,
-            allow_mixed_models=allow_mixed_models,
-        )
+        with resumable(how):
+            out_dir, meta = aggregate(
+                list(run_dirs),
+                out,
+                fine_bins,
+                memory_limit,
+                progress=not quiet,
+                allow_mixed_models=allow_mixed_models,
+            )
     except (RunError, SchemaVersionError, ValueError) as err:
         fail(err)
     dt = time.perf_counter() - t0

@@ -1,6 +1,11 @@
-"""Helpers shared by the command modules: errors to one line, JSON output."""
+"""Helpers shared by the command modules: errors to one line, JSON output,
+Ctrl-C to the command that resumes."""
 
 from __future__ import annotations
+
+import shlex
+import sys
+from contextlib import contextmanager
 
 import click
 
@@ -14,3 +19,62 @@ def fail(err: Exception):
 
 def dumps_json(result) -> str:
     return dumps(result)
+
+
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as shells report a Ctrl-C
+
+
+class Interrupted(click.ClickException):
+    """Ctrl-C: one notice saying what is kept and the command that resumes (exit 130)."""
+
+    exit_code = INTERRUPTED_EXIT
+
+    def show(self, file=None) -> None:
+        from pipeline.progress import notice
+
+        notice(self.message, stream=file)
+
+
+def rerun_command(argv: list[str] | None = None, *, drop: tuple[str, ...] = ()) -> str:
+    """The command line this process runs, as a shell would take it (`drop`:
+    flags to leave out, such as extract's --overwrite once its run is in place)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return shlex.join(["fullece", *(a for a in argv if a not in drop)])
+
+
+@contextmanager
+def resumable(how):
+    """Turn Ctrl-C inside the block into `Interrupted`: "interrupted; <how>:
+    <command>". `how` is words, or a callable giving (words, flags the resuming
+    command leaves out), asked after the stop."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        words, drop = how() if callable(how) else (how, ())
+        raise Interrupted(f"interrupted; {words}: {rerun_command(drop=tuple(drop))}") from None
+
+
+def shards_text(run_dirs) -> str:
+    """'3 shards (12.3 MB)' of the runs' manifests, for a notice ('' when unreadable:
+    the command itself then says what is wrong)."""
+    from pathlib import Path
+
+    from pipeline.progress import size_text
+    from pipeline.store.manifest import RunError, load_manifest
+
+    count, size = 0, 0
+    try:
+        for run_dir in run_dirs:
+            for shard in load_manifest(run_dir).get("shards") or []:
+                count += 1
+                size += sum(_path_bytes(Path(run_dir) / rel) for rel in shard.get("files", {}))
+    except (RunError, OSError, ValueError, TypeError, AttributeError):
+        return ""
+    return f"{count:,} shard{'' if count == 1 else 's'} ({size_text(size)})"
+
+
+def _path_bytes(path) -> int:
+    """A file's size, or the total of the files under a directory (a Zarr store)."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import time
 
 import click
+
+from pipeline.cli.common import Interrupted, resumable
 
 
 @click.command(context_settings={"show_default": True})
@@ -132,21 +135,64 @@ def extract(
     from pipeline.extract.errors import ExtractError
 
     try:
-        world = env_world()[1]
+        rank, world, _ = env_world()
     except ExtractError as err:
         raise click.ClickException(str(err)) from err
+    started = time.time_ns()
     if world == 1:
-        _extract(**params)
+        with resumable(_resume_words(params["out"], started, params["overwrite"])):
+            _extract(**params)
         return
     # a torchrun rank: its exit status is the job's verdict, so it ends without
     # interpreter finalization, where leftover native threads could abort it
     # (pipeline.extract.dist.exit_process, docs/scale.md "Teardown")
     try:
-        _extract(**params)
+        try:
+            _extract(**params)
+        except KeyboardInterrupt:
+            raise Interrupted(
+                "interrupted; resuming is built in: the same torchrun command continues "
+                "after the committed shards"
+            ) from None
     except click.ClickException as err:
-        err.show()
+        if rank == 0 or not isinstance(err, Interrupted):  # rank 0 speaks for the job
+            err.show()
         exit_process(err.exit_code)
     exit_process(0)
+
+
+def _resume_words(out: str, started_ns: int, overwrite: bool):
+    """`resumable`'s words for an interrupted extract, decided after the stop:
+    how much is kept, and the same command, less --overwrite once this
+    command's run is in place (rerun with it, the run would start over)."""
+
+    def how() -> tuple[str, tuple[str, ...]]:
+        manifest = os.path.join(out, "manifest.json")
+        ours = os.path.exists(manifest) and os.stat(manifest).st_mtime_ns >= started_ns
+        drop = ("--overwrite",) if overwrite and ours else ()
+        kept = _kept_text(out) if ours or not overwrite else ""
+        return (
+            f"{kept}resuming is built in: the same command"
+            f"{' without --overwrite' if drop else ''} continues after the last committed shard",
+            drop,
+        )
+
+    return how
+
+
+def _kept_text(out: str) -> str:
+    """'4,000 positions in 2 committed shards kept; ' (from the run's manifest)."""
+    from pipeline.store.manifest import RunError, load_manifest
+
+    try:
+        shards = load_manifest(out).get("shards") or []
+    except (RunError, OSError, ValueError):  # no manifest yet: nothing committed
+        shards = []
+    if not shards:
+        return "nothing committed yet; "
+    rows = sum(int(s.get("rows", 0)) for s in shards)
+    plural = "" if len(shards) == 1 else "s"
+    return f"{rows:,} positions in {len(shards)} committed shard{plural} kept; "
 
 
 def _extract(*, out, quiet, slice_, **options) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from pipeline.analysis.report import write_report
-from pipeline.cli.common import fail
+from pipeline.cli.common import fail, resumable
 from pipeline.store.manifest import RunError
 from pipeline.store.schema import SchemaVersionError
 
@@ -46,7 +46,12 @@ def report(run_dirs, out_dir, quiet, partial, force):
                     f"fullece: {run_dir}: PARTIAL RUN (complete: false): {describe_coverage(info)}",
                     err=True,
                 )
-        path = write_report(list(run_dirs), out_dir, quiet=quiet, force=force)
+        how = (
+            "partial tables of the shards already aggregated are kept and reused; "
+            "the same command resumes and draws the report again"
+        )
+        with resumable(how):
+            path = write_report(list(run_dirs), out_dir, quiet=quiet, force=force)
     except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:
         fail(err)
     click.echo(str(path))

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.common import dumps_json, fail
+from pipeline.cli.common import dumps_json, fail, resumable, shards_text
+from pipeline.progress import notice
 from pipeline.store.manifest import RunError
 from pipeline.store.schema import SchemaVersionError
 
@@ -42,10 +43,18 @@ def temperature(run_dir, grid, n_bins, as_json, quiet, partial):
         raise click.BadParameter(str(err), param_hint="--grid") from err
     if n_bins < 1:
         raise click.BadParameter("must be a positive integer", param_hint="--bins")
+    shards = shards_text([run_dir])
+    notice(
+        f"temperature: verifying {shards or 'the shards'} against the manifest, then one pass "
+        "over the logits for the grid and as many as it takes to locate T* ...",
+        not quiet,
+    )
+    how = "temperature keeps nothing between runs; the same command starts over"
     try:
-        result = temperature_for_run(
-            run_dir, grid=grid, n_bins=n_bins, quiet=quiet, partial=partial
-        )
+        with resumable(how):
+            result = temperature_for_run(
+                run_dir, grid=grid, n_bins=n_bins, quiet=quiet, partial=partial
+            )
     except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:
         fail(err)
     click.echo(dumps_json(result) if as_json else format_temperature(result))

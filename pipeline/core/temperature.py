@@ -123,6 +123,19 @@ class _Shape:
         return {"nll_minimiser": kind, "nll_infimum": inf, "nll_note": note}
 
 
+def _nll_sum(label_p, x, y, t: float) -> float:
+    """Σ −ln p(label) on the probability of record; where that underflowed to 0, −ln p
+    from the logits in float64 (log-softmax), which they determine: never +inf."""
+    zero = label_p == 0
+    total = float(-np.log(label_p[~zero].astype(np.float64)).sum())
+    if zero.any():
+        z = x[zero].astype(np.float64) / t
+        top = z.max(axis=1)
+        lse = top + np.log(np.exp(z - top[:, None]).sum(axis=1))
+        total += float((lse - z[np.arange(z.shape[0]), y[zero]]).sum())
+    return total
+
+
 class _Sums:
     """Per temperature: Σ −ln p(label), top-1 and pooled per-bin sums."""
 
@@ -148,7 +161,7 @@ class _Sums:
         for i, t in enumerate(self.t):
             p = probs_of_record(x / np.float32(t))
             label_p = p[rows, y]
-            self.nll[i] += -np.log(label_p.astype(np.float64)).sum()
+            self.nll[i] += _nll_sum(label_p, x, y, t)
             top1 = p.argmax(axis=1)
             conf = p[rows, top1]
             b1 = fine_bin_index(conf, m) - 1

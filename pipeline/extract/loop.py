@@ -31,6 +31,7 @@ from pipeline.extract.settings import (
     default_shard_positions,
     parse_slice,
 )
+from pipeline.progress import notice, size_text
 from pipeline.store.manifest import file_sha256
 
 
@@ -82,6 +83,13 @@ def run_extraction(
     slice_i, slice_n = parse_slice(slice)
     fmt = detect_format(corpus, corpus_format)
     check_corpus(corpus, fmt, text_field)
+    from pipeline.extract.dist import env_world
+
+    # every wait that shows no count is announced (rank 0 speaks for a torchrun job)
+    announce = bool(progress) and env_world()[0] == 0
+    notice(
+        f"extract: reading the corpus {corpus} ({size_text(corpus.stat().st_size)}) ...", announce
+    )
     n_docs = count_documents(corpus, fmt, text_field)
     if n_docs == 0:
         raise ExtractError(f"corpus {corpus}: holds no documents")
@@ -91,6 +99,12 @@ def run_extraction(
 
     from pipeline.extract import model as hf
 
+    if model_dir.is_dir():
+        notice(
+            f"extract: loading the model {model_dir} ({hf.describe_size(model_dir)}) with "
+            "torch and transformers ...",
+            announce,
+        )
     config = hf.read_config(model_dir)
     tok_dir = Path(tokenizer) if tokenizer else model_dir
     if not tok_dir.is_dir():
@@ -99,7 +113,7 @@ def run_extraction(
 
     import torch
 
-    from pipeline.extract.dist import Dist, env_world
+    from pipeline.extract.dist import Dist
     from pipeline.extract.writer import RunWriter, new_manifest
     from pipeline.store.lock import RunLock
 
@@ -140,6 +154,11 @@ def run_extraction(
             raise ExtractError(f"--shard-positions {shard_positions}: must be >= 1")
         chunk_rows = default_chunk_rows(dev, vocab, chunk_elements)
 
+        notice(
+            f"extract: hashing the model and tokenizer files and the corpus for the manifest "
+            f"({size_text(_bytes_to_hash(model_dir, tok_dir, corpus))}) ...",
+            announce,
+        )
         model_files = hf.directory_files(model_dir)
         tok_files = (
             model_files if tok_dir.resolve() == model_dir.resolve() else hf.directory_files(tok_dir)
@@ -203,6 +222,12 @@ def run_extraction(
             dist=dist,
             lock=lock,
         )
+        if (out / "manifest.json").exists():
+            notice(
+                f"extract: {out} holds a run: checking it and verifying its committed shards "
+                "to resume after them ...",
+                announce,
+            )
         writer.open()
         if writer.complete:
             manifest = writer.finish()
@@ -263,6 +288,9 @@ def run_extraction(
                 writer.drain()
         finally:
             bar.close()
+        notice(
+            "extract: checking that the corpus is unchanged and committing the run ...", announce
+        )
         t_end = time.perf_counter()
         skipped = int(sum(s["skipped"] for s in shards) + trailing_skipped)
         if dist is None and sum(s["rows"] for s in shards) == 0:
@@ -334,3 +362,11 @@ def _estimate_total(bar, rows: int, docs: int, slice_docs: int) -> None:
     if docs:
         bar.total = max(rows, int(round(rows / docs * slice_docs)))
         bar.refresh()
+
+
+def _bytes_to_hash(model_dir: Path, tok_dir: Path, corpus: Path) -> int:
+    """Bytes the manifest's sha256 sums read: the files of the model (and
+    tokenizer) directory and the corpus."""
+    dirs = {model_dir.resolve(), tok_dir.resolve()}
+    files = [p for d in dirs for p in d.iterdir() if p.is_file() and not p.name.startswith(".")]
+    return sum(p.stat().st_size for p in files) + corpus.stat().st_size

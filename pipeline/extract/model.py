@@ -51,6 +51,57 @@ def read_config(model_dir) -> dict:
     return config
 
 
+def weight_files(model_dir) -> list[Path]:
+    """The weight files of a model directory: *.safetensors, else *.bin / *.pt."""
+    path = Path(model_dir)
+    found = sorted(path.glob("*.safetensors"))
+    return found or sorted(p for p in path.iterdir() if p.suffix in (".bin", ".pt"))
+
+
+def model_size(model_dir) -> dict:
+    """How large a model is, before loading it: {"parameters": count or None,
+    "bytes": weight bytes on disk, "dtypes": [stored dtypes]}. The count comes
+    from the safetensors headers (JSON, no tensor is read); a pickled checkpoint
+    (.bin) gives its bytes only."""
+    import struct
+
+    files = weight_files(model_dir)
+    size = sum(p.stat().st_size for p in files)
+    if not files or files[0].suffix != ".safetensors":
+        return {"parameters": None, "bytes": size, "dtypes": []}
+    count, dtypes = 0, set()
+    for path in files:
+        try:
+            with open(path, "rb") as fh:
+                (length,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(length))
+        except (OSError, ValueError, struct.error):
+            return {"parameters": None, "bytes": size, "dtypes": []}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            n = 1
+            for d in entry["shape"]:
+                n *= int(d)
+            count += n
+            # safetensors' F32 / BF16 / F16 as torch names them: float32, bfloat16, float16
+            dtypes.add(str(entry["dtype"]).lower().replace("f", "float", 1))
+    return {"parameters": count, "bytes": size, "dtypes": sorted(dtypes)}
+
+
+def describe_size(model_dir) -> str:
+    """'124,439,808 parameters, 497.8 MB of weights (float32)' for the loading notice."""
+    from pipeline.progress import size_text
+
+    size = model_size(model_dir)
+    text = f"{size_text(size['bytes'])} of weights"
+    if size["parameters"] is not None:
+        text = f"{size['parameters']:,} parameters, {text}"
+    if size["dtypes"]:
+        text += f" ({', '.join(size['dtypes'])})"
+    return text
+
+
 def resolve_device(device: str) -> str:
     import torch
 

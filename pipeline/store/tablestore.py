@@ -143,23 +143,6 @@ def _meta_checksums(directory: Path, meta: dict) -> dict[str, str]:
     return files
 
 
-def save_tables(tables: BinTables, directory, extra_meta: dict | None = None) -> Path:
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, table in tables.to_arrow().items():
-        write_table_file(table, directory / f"{name}.parquet")
-    meta = tables_meta(
-        fine_bins=tables.fine_bins,
-        vocab_size=tables.vocab_size,
-        positions=tables.positions,
-        tail_max=tables.tail_max,
-        sources=tables.sources,
-    )
-    meta.update(extra_meta or {})
-    write_meta(directory, meta)
-    return directory
-
-
 def write_meta(directory, meta: dict) -> None:
     """Write meta.json with the checksums of the table files now in `directory`
     (last: it marks the tables complete)."""

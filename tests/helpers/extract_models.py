@@ -127,6 +127,23 @@ def build_llama(
     return directory
 
 
+def token_sequences(ids):
+    """A map-style torch Dataset of {"input_ids": ids[i]}: what a Trainer is given."""
+    import torch
+
+    class Sequences(torch.utils.data.Dataset):
+        def __init__(self):
+            self.ids = ids
+
+        def __len__(self):
+            return len(self.ids)
+
+        def __getitem__(self, i):
+            return {"input_ids": self.ids[i]}
+
+    return Sequences()
+
+
 def write_corpus(path, texts, fmt: str = "txt", field: str = "text") -> Path:
     import json
 

@@ -9,9 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.store.run import inside_run, verify_file
+from pipeline.store.manifest import load_manifest
+from pipeline.store.run import Shard, inside_run, open_zarr, verify_file
 from pipeline.store.schema import check_table_schema
-from pipeline.store.shards import open_logits_group
 
 
 def _shard_path(run_dir, shard: dict, key: str) -> Path:
@@ -36,10 +36,11 @@ def open_positions(run_dir, shard: dict) -> pq.ParquetFile:
 
 
 def open_logits(run_dir, shard: dict):
-    """(logits, logsumexp) Zarr arrays of a full-store shard (read-only), verified."""
-    arrays = open_logits_group(_shard_path(run_dir, shard, "logits"))
-    _verify(run_dir, shard, "logits")
-    return arrays
+    """(logits, logsumexp) of a full-store shard, opened as aggregate and metrics
+    open them (pipeline.store.run.open_zarr: shapes checked, every chunk verified)."""
+    vocab_size = load_manifest(run_dir)["vocab_size"]
+    _, logits, lse = open_zarr(Shard(Path(run_dir), shard, "full", vocab_size))
+    return logits, lse
 
 
 def _manifest(run_dir, manifest):

@@ -1,0 +1,388 @@
+"""Issue 22, item 8: no silent wait. Real `fullece` processes, no mocks.
+
+* `extract` announces each wait that shows no count (reading the corpus,
+  loading the model with its size, hashing the files, committing) before it,
+  with progress on or off; `--quiet` silences it all.
+* `temperature` names every bar: numbered passes, each saying what it does.
+* Ctrl-C (SIGINT to the process group, as a terminal sends it) during
+  extract, aggregate, temperature and report prints one line with the command
+  that resumes, exits 130, and prints no traceback; the printed command, run,
+  completes the work with nothing duplicated or lost.
+
+Timings of the waits are measured, not asserted: benchmarks/bench_waits.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.store.manifest import load_manifest, path_sha256
+from tests.helpers.analysis_runs import dense_case, write_run
+
+ROOT = Path(__file__).resolve().parent.parent
+FULLECE = Path(sys.executable).parent / "fullece"
+INTERRUPTED = "fullece: interrupted; "
+
+pytestmark = pytest.mark.skipif(not FULLECE.exists(), reason="fullece entry point not installed")
+
+
+def _env(progress: str | None = "1") -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("FULLECE_PROGRESS", None)
+    if progress is not None:
+        env["FULLECE_PROGRESS"] = progress
+    return env
+
+
+def _run(args, tmp_path, progress="1", name="err.txt") -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `fullece ARGS`, stderr a file (not a terminal)."""
+    path = tmp_path / name
+    with open(path, "w") as err:
+        done = subprocess.run(
+            [str(FULLECE), *map(str, args)],
+            cwd=ROOT,
+            env=_env(progress),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            timeout=600,
+        )
+    return done.returncode, done.stdout, path.read_text()
+
+
+def _interrupt(args, tmp_path, ready, name="int.txt") -> tuple[int, str]:
+    """Start `fullece ARGS` in its own session, send SIGINT to its process group
+    once `ready(stderr so far)` holds, as Ctrl-C at a terminal does; (exit status, stderr)."""
+    path = tmp_path / name
+    with open(path, "w") as err:
+        proc = subprocess.Popen(
+            [str(FULLECE), *map(str, args)],
+            cwd=ROOT,
+            env=_env("1"),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 300
+            while not ready(path.read_text()):
+                assert proc.poll() is None, f"ended before the signal: {path.read_text()}"
+                assert time.monotonic() < deadline, path.read_text()
+                time.sleep(0.02)
+            os.killpg(proc.pid, signal.SIGINT)
+            rc = proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    return rc, path.read_text()
+
+
+def _resume_argv(text: str) -> list[str]:
+    """The command the interrupted process printed (its last line), as argv."""
+    last = text.rstrip("\n").splitlines()[-1]
+    assert last.startswith(INTERRUPTED), text
+    argv = shlex.split(last[last.index(": fullece ") + 2 :])
+    assert argv[0] == "fullece", last
+    return argv
+
+
+def _check_interrupted(rc: int, text: str, words: str) -> list[str]:
+    """Exit 130, no traceback, `words` on the last line; the command it prints."""
+    assert rc == 130, text
+    assert "Traceback" not in text and "Aborted!" not in text, text
+    assert words in text.splitlines()[-1], text
+    return _resume_argv(text)
+
+
+# ------------------------------------------------------------------ extract
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests.helpers.extract_models import build_gpt2, synthetic_texts, write_corpus
+
+    base = tmp_path_factory.mktemp("waits")
+    model = build_gpt2(base / "gpt2", n_positions=128)
+    corpus = write_corpus(base / "corpus.txt", synthetic_texts(100, seed=3, max_words=60))
+    return model, corpus
+
+
+@pytest.fixture(scope="module")
+def reference(tiny, tmp_path_factory):
+    """One uninterrupted --quiet extract: the reference run (and --quiet prints nothing)."""
+    model, corpus = tiny
+    base = tmp_path_factory.mktemp("waits_reference")
+    out = base / "run"
+    rc, _, text = _run(_extract_args(model, corpus, out, "--quiet"), base, "1")
+    assert rc == 0 and text == "", text
+    return out
+
+
+def _extract_args(model, corpus, out, *extra) -> list[str]:
+    args = ["extract", "--model", model, "--corpus", corpus, "--out", out, "--device", "cpu"]
+    args += ["--k", "16", "--max-length", "64", "--shard-positions", "300", "--batch-size", "2"]
+    return [str(a) for a in [*args, *extra]]
+
+
+def _notices(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("fullece: ")]
+
+
+def _size_of_weights(model: Path) -> tuple[int, int]:
+    """(parameters, bytes) of the saved weights, read by safetensors itself."""
+    from safetensors.numpy import load_file
+
+    path = model / "model.safetensors"
+    return sum(a.size for a in load_file(str(path)).values()), path.stat().st_size
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("progress", ["1", "0"])
+def test_extract_announces_every_wait_before_it(tiny, tmp_path, progress):
+    model, corpus = tiny
+    rc, _, text = _run(_extract_args(model, corpus, tmp_path / "run"), tmp_path, progress)
+    assert rc == 0, text
+    params, size = _size_of_weights(model)
+    expected = [
+        f"fullece: extract: reading the corpus {corpus} ({corpus.stat().st_size / 1000:.1f} kB) ...",
+        f"fullece: extract: loading the model {model} ({params:,} parameters, "
+        f"{size / 1000:.1f} kB of weights (float32)) with torch and transformers ...",
+        "fullece: extract: hashing the model and tokenizer files and the corpus for the manifest",
+        "fullece: extract: checking that the corpus is unchanged and committing the run ...",
+    ]
+    notices = _notices(text)
+    assert len(notices) == 4, text
+    assert notices[:2] == expected[:2] and notices[3] == expected[3], text
+    assert notices[2].startswith(expected[2]), text
+    lines = text.splitlines()
+    progress_lines = [i for i, line in enumerate(lines) if line.startswith("extract: ")]
+    if progress == "1":
+        # the bar comes after every notice of the start, before the closing one
+        assert progress_lines and lines[progress_lines[-1]].startswith("extract: done, "), text
+        assert lines.index(notices[2]) < progress_lines[0] < lines.index(notices[3]), text
+    else:
+        assert progress_lines == [], text
+    if progress == "1":  # a rerun of a complete run: the run is checked, nothing else
+        rc, _, again = _run(_extract_args(model, corpus, tmp_path / "run"), tmp_path, "1", "2")
+        assert rc == 0, again
+        assert any(
+            "holds a run: checking it and verifying its committed shards" in n
+            for n in _notices(again)
+        )
+
+
+def _positions(run_dir) -> pa.Table:
+    manifest = load_manifest(run_dir)
+    assert manifest["complete"]
+    tables = [pq.read_table(Path(run_dir) / s["positions"]) for s in manifest["shards"]]
+    return pa.concat_tables(tables).sort_by([("doc_id", "ascending"), ("offset", "ascending")])
+
+
+def _committed(run_dir) -> bool:
+    try:
+        manifest = load_manifest(run_dir)
+    except Exception:  # noqa: BLE001 - not written yet
+        return False
+    return bool(manifest.get("shards")) and not manifest.get("complete")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_ctrl_c_during_extract_prints_the_command_that_resumes(
+    tiny, reference, tmp_path, overwrite
+):
+    model, corpus = tiny
+    out = tmp_path / "run"
+    args = _extract_args(model, corpus, out, *(["--overwrite"] if overwrite else []))
+    rc, text = _interrupt(args, tmp_path, lambda _: _committed(out))
+    resume = _check_interrupted(rc, text, "resuming is built in: the same command")
+    # the same command; with --overwrite, the same less --overwrite (it would start over)
+    assert resume == ["fullece", *[a for a in args if a != "--overwrite"]], text
+    assert ("without --overwrite" in text) == overwrite, text
+    manifest = load_manifest(out)
+    kept = manifest["shards"]
+    assert not manifest["complete"] and kept
+    rows = sum(s["rows"] for s in kept)
+    plural = "" if len(kept) == 1 else "s"
+    assert f"; {rows:,} positions in {len(kept)} committed shard{plural} kept; " in text, text
+    digests = {rel: path_sha256(out / rel) for s in kept for rel in s["files"]}
+    # run what was printed: it completes the run from where it stopped
+    rc, _, text = _run(resume[1:], tmp_path, "1", "resume.txt")
+    assert rc == 0, text
+    assert {rel: path_sha256(out / rel) for rel in digests} == digests  # kept, not redone
+    done, ref = _positions(out), _positions(reference)
+    keys = list(zip(done["doc_id"].to_pylist(), done["offset"].to_pylist(), strict=True))
+    assert len(set(keys)) == len(keys)  # no position twice
+    assert done.equals(ref)  # none lost, every value as in one uninterrupted run
+
+
+# ----------------------------------------------------- aggregate, temperature, report
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("waits_runs")
+    case = dense_case(n=600)
+    write_run(base / "topk", case, store="topk")
+    write_run(base / "full", case, store="full")
+    return base
+
+
+def _fresh_copy(runs, name, tmp_path) -> Path:
+    dest = tmp_path / name
+    shutil.copytree(runs / name, dest, ignore=shutil.ignore_patterns("tables"))
+    return dest
+
+
+def _tables(tables_dir: Path) -> dict:
+    return {p.name: pq.read_table(p) for p in sorted(tables_dir.glob("*.parquet"))}
+
+
+def _announced(prefix):
+    return lambda text: any(line.startswith(prefix) for line in text.splitlines())
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_aggregate_resumes(runs, tmp_path):
+    run = _fresh_copy(runs, "topk", tmp_path)
+    reference = _fresh_copy(runs, "topk", tmp_path / "ref")
+    rc, _, text = _run(["aggregate", reference], tmp_path, "0", "ref.txt")
+    assert rc == 0, text
+    args = ["aggregate", str(run)]
+    rc, text = _interrupt(args, tmp_path, _announced("fullece: aggregate: verifying 6 shards"))
+    resume = _check_interrupted(rc, text, "kept and reused; the same command resumes")
+    assert resume == ["fullece", *args]
+    assert not (run / "tables" / "meta.json").exists()
+    rc, _, text = _run(resume[1:], tmp_path, "1", "resume.txt")
+    assert rc == 0, text
+    got, want = _tables(run / "tables"), _tables(reference / "tables")
+    assert got.keys() == want.keys() and got
+    assert all(got[name].equals(want[name]) for name in want)
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_temperature_says_it_starts_over(runs, tmp_path):
+    run = _fresh_copy(runs, "full", tmp_path)
+    args = ["temperature", str(run), "--json"]
+    rc, text = _interrupt(args, tmp_path, _announced("fullece: temperature: verifying"))
+    resume = _check_interrupted(rc, text, "temperature keeps nothing between runs")
+    assert resume == ["fullece", *args]
+    rc, out, text = _run(resume[1:], tmp_path, "0", "resume.txt")
+    assert rc == 0 and '"best_nll_temperature"' in out, text
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_report_resumes(runs, tmp_path):
+    run = _fresh_copy(runs, "topk", tmp_path)
+    args = ["report", str(run), "--out", str(tmp_path / "report")]
+    rc, text = _interrupt(args, tmp_path, _announced("fullece: aggregating"))
+    resume = _check_interrupted(rc, text, "the same command resumes and draws the report")
+    assert resume == ["fullece", *args]
+    rc, out, text = _run(resume[1:], tmp_path, "0", "resume.txt")
+    assert rc == 0 and (tmp_path / "report" / "report.html").exists(), text
+
+
+@pytest.mark.slow
+def test_ctrl_c_elsewhere_gets_the_generic_line(runs, tmp_path):
+    """A command without its own words (metrics) still exits 130 with its command line."""
+    run = _fresh_copy(runs, "topk", tmp_path)
+    args = ["metrics", str(run)]
+    rc, text = _interrupt(args, tmp_path, _announced("fullece: aggregating"))
+    resume = _check_interrupted(rc, text, "to run it again")
+    assert resume == ["fullece", *args]
+
+
+# ------------------------------------------------------------------ bar names
+
+
+@pytest.mark.slow
+def test_temperature_bars_are_numbered_and_say_what_they_do(runs, tmp_path):
+    from pipeline.analysis.temperature import pass_name
+
+    run = _fresh_copy(runs, "full", tmp_path)
+    rc, out, text = _run(["temperature", run, "--json"], tmp_path, "1")
+    assert rc == 0, text
+    passes = json.loads(out)["passes"]
+    done = [line.split(": done, ")[0] for line in text.splitlines() if ": done, " in line]
+    assert passes >= 2
+    assert done == [pass_name(i, 17) for i in range(1, passes + 1)], text
+    assert done[0] == "temperature pass 1 (grid of 17 T)"
+    assert done[1] == "temperature pass 2 (locating T*)"
+    assert _notices(text)[0].startswith("fullece: temperature: verifying 6 shards ("), text
+
+
+# ------------------------------------------------------------------ the kernel
+
+
+@pytest.mark.parametrize("store", ["topk", "full"])
+def test_warm_up_compiles_every_kernel_the_map_step_uses(tmp_path, store):
+    """After the warm-up, the map step of a real run adds no kernel
+    specialization: its bar never waits for numba (a fresh process: fresh
+    dispatchers). The reduce's merge kernel comes after its own notice."""
+    run = tmp_path / "run"
+    write_run(run, dense_case(n=400), store=store, k=40)
+    code = f"""
+import json
+from pipeline.aggregate import _topk_kernel as topk, shard_map, topk_pass
+from pipeline.core import _dense_kernel as dense
+from pipeline.store.run import open_runs
+def counts():
+    return {{m.__name__ + "." + n: len(getattr(m, n).signatures)
+            for m in (topk, dense) for n in dir(m) if hasattr(getattr(m, n), "signatures")}}
+hints = dict(topk_pass._capacity_hint)
+topk_pass.warm_up(1000) if {store!r} == "topk" else shard_map._warm_up_dense(1000)
+assert topk_pass._capacity_hint == hints
+warm = counts()
+shard_map.build_parts(open_runs([{str(run)!r}]), None, 1000, progress=False)
+print(json.dumps([warm, counts()]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    warm, after = json.loads(done.stdout)
+    assert warm == after
+    used = {n.rsplit(".", 1)[1] for n, c in warm.items() if c}
+    if store == "topk":
+        assert {"batch", "insert", "partition", "flush", "class_table"} <= used, warm
+    else:
+        assert {"fine_bins", "group_class_bins", "summarise"} <= used, warm
+
+
+# ------------------------------------------------------------- the measurement
+
+
+def test_bench_waits_timestamps_what_a_terminal_shows():
+    """bench_waits' reader: a notice, then a bar drawn "\\r"-first (as tqdm
+    does) that waits at 0%: each update is seen when written, the wait after
+    the notice is announced, the one at 0% is not."""
+    from benchmarks.bench_waits import gaps, timestamped_stderr
+
+    code = (
+        "import sys, time; w = sys.stderr.write\n"
+        "w('fullece: preparing ...\\n'); sys.stderr.flush(); time.sleep(0.6)\n"
+        "w('\\rwork:   0%'); sys.stderr.flush(); time.sleep(0.6)\n"
+        "w('\\rwork: 100%'); w('\\n'); sys.stderr.flush()\n"
+    )
+    run = timestamped_stderr([sys.executable, "-c", code])
+    assert run["rc"] == 0
+    texts = [text for _, text in run["updates"]]
+    assert texts == ["fullece: preparing ...", "work:   0%", "work: 100%"], run
+    measured = gaps(run)
+    assert [g["showing"] for g in measured][1:3] == ["fullece: preparing ...", "work:   0%"]
+    assert measured[1]["announced"] and not measured[2]["announced"]
+    assert measured[1]["seconds"] >= 0.5 and measured[2]["seconds"] >= 0.5  # the sleeps
