@@ -53,3 +53,40 @@ def test_no_error_derives_from_value_error_directly():
 def test_every_error_is_a_fullece_error_and_a_value_error(module, name):
     cls = getattr(importlib.import_module(module), name)
     assert issubclass(cls, FulleceError) and issubclass(cls, ValueError), cls.__mro__
+
+
+def _leaf_commands(group, ctx):
+    import click
+
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        if isinstance(cmd, click.Group):
+            yield from _leaf_commands(cmd, ctx)
+        else:
+            yield name, cmd
+
+
+def test_every_command_has_the_one_error_handler():
+    import click
+
+    from pipeline.cli import main
+    from pipeline.cli.common import Command
+
+    ctx = click.Context(main)
+    leaves = dict(_leaf_commands(main, ctx))
+    assert len(leaves) >= 12
+    assert {n for n, c in leaves.items() if not isinstance(c, Command)} == set()
+
+
+def test_a_fullece_error_is_one_error_line(tmp_path):
+    """A real RunError (no manifest) through the real command: `Error: <one
+    line>` on stderr, exit 1, no traceback hint."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    res = CliRunner().invoke(main, ["metrics", str(tmp_path)])
+    assert res.exit_code == 1
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), res.output
+    assert str(tmp_path) in lines[0] and "--debug" not in lines[0]
