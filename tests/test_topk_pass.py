@@ -223,3 +223,58 @@ def test_cli_refuses_a_memory_limit_that_is_not_a_size(tmp_path, case):
     assert not (run / "tables").exists()
     res = CliRunner().invoke(aggregate_command, [str(run), "--memory-limit", "64MB", "--quiet"])
     assert res.exit_code == 0, res.output
+
+
+def _values_near_every_edge(fine_bins: int) -> np.ndarray:
+    """Every float32 within a few ulps of every edge m/F, in [0, 1]."""
+    vals = []
+    for edge in (np.arange(fine_bins + 1, dtype=np.float64) / fine_bins).astype(np.float32):
+        v = edge
+        for _ in range(3):
+            v = np.nextafter(v, np.float32(0))
+        for _ in range(7):
+            vals.append(v)
+            v = np.nextafter(v, np.float32(2))
+    return np.unique(np.clip(np.array(vals, np.float32), 0, 1))
+
+
+@pytest.mark.parametrize("fine_bins", [1000, 7])
+def test_kernel_and_sql_bin_as_the_one_rule_at_every_edge(fine_bins):
+    """core/binning.py's rule restated by the top-k kernel (kept entries above
+    and at bin 1, top-1) and by bin_sql (DuckDB) gives the exact bin of every
+    value near an edge (rational reference, tests/reference.py)."""
+    import duckdb
+
+    from pipeline.aggregate.sql import bin_sql
+    from pipeline.aggregate.topk_pass import TopkShardPass
+    from tests.reference import exact_bins
+
+    vals = _values_near_every_edge(fine_bins)
+    n = vals.size
+    expected = exact_bins(vals, fine_bins)
+    # one position per value: kept entry (class 0, p) and top-1 (class 0, p)
+    batch = pa.record_batch(
+        {
+            "kept_ids": pa.array([[0]] * n, pa.list_(pa.int32())),
+            "kept_probs": pa.array([[v] for v in vals.tolist()], pa.list_(pa.float32())),
+            "label": pa.array(np.zeros(n, np.int32)),
+            "top1_id": pa.array(np.zeros(n, np.int32)),
+            "top1_prob": pa.array(vals),
+            "doc_id": pa.array(np.zeros(n, np.int64)),
+            "tail_count": pa.array(np.zeros(n, np.int32)),
+            "tail_mass": pa.array(np.zeros(n, np.float64)),
+            "tail_max": pa.array(np.zeros(n, np.float32)),
+        }
+    )
+    state = TopkShardPass(vocab_size=1, fine_bins=fine_bins)
+    state.add_batch(batch)
+    tables = state.tables()
+    want_bins = np.flatnonzero(np.bincount(expected))
+    want_n = np.bincount(expected)[want_bins]
+    for name in ("class_bins", "top1_bins"):
+        assert np.array_equal(tables[name]["bin"], want_bins), name
+        assert np.array_equal(tables[name]["n"], want_n), name
+    con = duckdb.connect()
+    con.register("vals", pa.table({"i": np.arange(n), "p": vals}))
+    got_sql = con.sql(f"SELECT {bin_sql('p', fine_bins)} AS b FROM vals ORDER BY i").fetchnumpy()
+    assert np.array_equal(got_sql["b"], expected)

@@ -9,14 +9,47 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-OK, BAD_ID, BAD_PROB, GROW, FULL, BAD_LABEL, BAD_TOP1, BAD_TOP1_PROB, BAD_DOC = range(9)
+from pipeline.aggregate.topk_format import (
+    CLASS_HITS,
+    CLASS_KEY,
+    CLASS_N,
+    CLASS_P_SUM,
+    CLASS_WIDTH,
+    CURRENT_DOC,
+    CURRENT_OPEN,
+    EMPTY,
+    LABEL_HITS,
+    MISSING_LABELS,
+    SEQ_CONF_SUM,
+    SEQ_CORRECT,
+    SEQ_HITS,
+    SEQ_KEY,
+    SEQ_MARKED,
+    SEQ_N,
+    SEQ_P_SUM,
+    SEQ_TOP1_N,
+    SEQ_WIDTH,
+    TAIL_COUNT,
+    TOP1_CORRECT,
+    TOP1_N,
+    KernelCode,
+)
+
+# the codes as plain ints (numba freezes them as constants)
+_OK, _GROW, _FULL = int(KernelCode.OK), int(KernelCode.GROW), int(KernelCode.FULL)
+_BAD_ID, _BAD_PROB = int(KernelCode.BAD_ID), int(KernelCode.BAD_PROB)
+_BAD_LABEL, _BAD_TOP1 = int(KernelCode.BAD_LABEL), int(KernelCode.BAD_TOP1)
+_BAD_TOP1_PROB, _BAD_DOC = int(KernelCode.BAD_TOP1_PROB), int(KernelCode.BAD_DOC)
 # a buffered entry's key: class << 32 | hit << 31 | bin; the table's: without the hit bit
 _KEY_MASK = ~np.int64(1 << 31)
-EMPTY = np.iinfo(np.int64).min  # key of a free slot
+# unsigned column offsets and row widths, for the loops that index flat rows
+# with unsigned integers (numba then adds no negative-index handling)
+_U_CLASS_N, _U_CLASS_HITS = np.uint64(CLASS_N), np.uint64(CLASS_HITS)
+_U_CLASS_P_SUM, _U_CLASS_WIDTH = np.uint64(CLASS_P_SUM), np.uint64(CLASS_WIDTH)
+_U_SEQ_N, _U_SEQ_HITS = np.uint64(SEQ_N), np.uint64(SEQ_HITS)
+_U_SEQ_P_SUM, _U_SEQ_WIDTH = np.uint64(SEQ_P_SUM), np.uint64(SEQ_WIDTH)
 
 _njit = numba.njit(cache=True, nogil=True)
-_OK, _BAD_ID, _BAD_PROB, _GROW, _FULL, _EMPTY = OK, BAD_ID, BAD_PROB, GROW, FULL, EMPTY
-_BAD_LABEL, _BAD_TOP1, _BAD_TOP1_PROB, _BAD_DOC = BAD_LABEL, BAD_TOP1, BAD_TOP1_PROB, BAD_DOC
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -64,13 +97,13 @@ def insert(keys, probs, starts, first, start, region_bits, table, table_f, count
     region past three quarters (grow, then call again from there); with
     a mixing hash, linear probing stays short at that load.
 
-    `table` is the class table's slots flattened (4 int64 per slot: key, n,
-    hits, p_sum through the float64 view `table_f`); slot indices are
+    `table` is the class table's slots flattened (CLASS_WIDTH int64 per
+    slot, p_sum through the float64 view `table_f`); slot indices are
     unsigned so that numba adds no negative-index handling (measured: 10%).
     """
     mask = np.uint64((1 << region_bits) - 1)
     full = (np.int64(3) << region_bits) >> 2
-    one, two, three = np.uint64(1), np.uint64(2), np.uint64(3)
+    one = np.uint64(1)
     for q in range(first, starts.size - 1):
         base = np.uint64(q) << np.uint64(region_bits)
         for e in range(max(start, starts[q]), starts[q + 1]):
@@ -78,20 +111,20 @@ def insert(keys, probs, starts, first, start, region_bits, table, table_f, count
             key = raw & _KEY_MASK
             h = np.uint64(hash_of(key, mask))
             while True:
-                s = (base + h) << two
+                s = (base + h) * _U_CLASS_WIDTH
                 k = table[s]
                 if k == key:
                     break
-                if k == _EMPTY:
+                if k == EMPTY:
                     if counts[q] >= full:
                         return _GROW, q, e
                     table[s] = key
                     counts[q] += 1
                     break
                 h = (h + one) & mask
-            table[s + one] += 1
-            table[s + two] += (raw >> 31) & 1
-            table_f[s + three] += np.float64(probs[e])
+            table[s + _U_CLASS_N] += 1
+            table[s + _U_CLASS_HITS] += (raw >> 31) & 1
+            table_f[s + _U_CLASS_P_SUM] += np.float64(probs[e])
     return _OK, 0, 0
 
 
@@ -100,13 +133,13 @@ def rehash_regions(slots, bigger, counts, parts, region_bits):
     mask = (np.int64(1) << region_bits) - 1
     counts[:] = 0
     for s in range(slots.shape[0]):
-        key = slots[s, 0]
-        if key == _EMPTY:
+        key = slots[s, CLASS_KEY]
+        if key == EMPTY:
             continue
         q = (key >> 32) & (parts - 1)
         base = q << region_bits
         h = hash_of(key, mask)
-        while bigger[base + h, 0] != _EMPTY:
+        while bigger[base + h, CLASS_KEY] != EMPTY:
             h = (h + 1) & mask
         bigger[base + h, :] = slots[s, :]
         counts[q] += 1
@@ -114,62 +147,62 @@ def rehash_regions(slots, bigger, counts, parts, region_bits):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def touch(doc, touched, b):
-    """List bin b among the current document's bins (column 7 marks it)."""
-    if doc[b, 7] == 0:
-        doc[b, 7] = 1
+    """List bin b among the current document's bins (SEQ_MARKED marks it)."""
+    if doc[b, SEQ_MARKED] == 0:
+        doc[b, SEQ_MARKED] = 1
         touched[0] += 1
         touched[touched[0]] = b
 
 
 @_njit
-def flush(doc, touched, current, seq_rows, seq_n, stride):
+def flush(documents, stride):
     """Append the current document's bins to the seq rows (one row per bin,
     in bin order: documents in increasing order then need no sort)."""
-    base = current[0] * stride
+    doc, touched, seq_rows, seq_n = documents.doc, documents.touched, documents.rows, documents.used
+    base = documents.current[CURRENT_DOC] * stride
     touched[1 : touched[0] + 1].sort()
     for t in range(1, touched[0] + 1):
         b = touched[t]
         r = seq_n[0]
         seq_n[0] = r + 1
-        seq_rows[r, 0] = base + b
-        for col in range(1, 7):  # n, hits, top1_n, correct, p_sum, conf_sum (same layout)
+        seq_rows[r, SEQ_KEY] = base + b
+        for col in range(SEQ_KEY + 1, SEQ_MARKED):  # the sums: same layout, bits copied
             seq_rows[r, col] = doc[b, col]
         doc[b, :] = 0
     touched[0] = 0
 
 
 @_njit
-def batch(
-    start, ids, probs, offsets, labels, top1_id, top1_prob, docs, tail_count, tail_mass,
-    tail_max, vocab, fine_bins, threshold, doc_limit,
-    bin1_n, bin1_p, bin1_hits, label_count, top1_count, top1_int, top1_conf, totals,
-    largest_tail, buf_keys, buf_probs, buf_n, part_counts, seq_rows, seq_n, doc, touched, current,
-):  # fmt: skip
-    """Fold rows start.. of one batch in. Returns (code, row): _GROW asks the
-    caller to enlarge `seq_rows`, _FULL to empty the entry buffer (see
-    `partition`/`insert`), then to call again from that row; a _BAD_* code
-    names the first row that fails its check (label, top1_id and kept ids in
-    [0, vocab), probabilities in [0, 1], |doc_id| <= doc_limit), checked
-    before the row changes anything.
+def batch(start, rows, rules, sums, buffer, documents):
+    """Fold rows start.. of one batch (a `BatchRows`) in. Returns (code, row):
+    GROW asks the caller to enlarge the seq rows, FULL to empty the entry
+    buffer (see `partition`/`insert`), then to call again from that row; a
+    BAD_* code names the first row that fails its check (label, top1_id and
+    kept ids in [0, vocab), probabilities in [0, 1], |doc_id| <= doc_limit:
+    the `Rules`), checked before the row changes anything.
 
-    Per row: label_count[label] and top1_count[top1_id] count it; its top-1
-    bin (the one rule, max(ceil(float64(p) * F), 1)) adds to top1_int[bin]
-    (n, correct) and top1_conf[bin]; totals += [rows whose label is not
-    kept, kept entries equal to the label, tail_count]; largest_tail[0] is
-    the largest tail_max seen.
+    Per row (into `sums`, a `ShardSums`): label_count[label] and
+    top1_count[top1_id] count it; its top-1 bin (the one rule,
+    max(ceil(float64(p) * F), 1)) adds to top1_counts[bin] (n, correct) and
+    top1_conf[bin]; totals += [rows whose label is not kept, kept entries
+    equal to the label, tail_count]; largest_tail[0] is the largest tail_max
+    seen.
 
-    Entries above bin 1 are appended to the buffer (key = id << 32 | bin,
-    with bit 31 set for the row's label; probability) for the class table
-    (columns [key, n, hits, p_sum]), counted per class partition (id & (parts
-    - 1)). The current document's seq bins are summed in `doc`, one row per
-    bin in the layout of a seq row ([key, n, hits, top1_n, correct, p_sum,
-    conf_sum, marked], floats through a float64 view: one cache line per
-    bin), `touched` listing the bins used, and are appended to `seq_rows`
-    (key = doc_id * (F + 1) + bin; seq_n[0] rows used) when the document
-    changes. Rows of a document are consecutive in a shard; if not, its key
-    repeats and the rows are summed when the table is made. current = [doc,
-    active].
+    Entries above bin 1 are appended to `buffer` (key = id << 32 | bin,
+    with bit 31 set for the row's label; probability) for the class table,
+    counted per class partition (id & (parts - 1)). The current document's
+    seq bins are summed in `documents.doc`, one seq row per bin, `touched`
+    listing the bins used, and are appended to the seq rows (key = doc_id *
+    (F + 1) + bin) when the document changes. Rows of a document are
+    consecutive in a shard; if not, its key repeats and the rows are summed
+    when the table is made.
     """
+    ids, probs, offsets, labels = rows.ids, rows.probs, rows.offsets, rows.label
+    vocab, fine_bins, threshold, doc_limit = rules
+    bin1_n, bin1_p, bin1_hits = sums.bin1_n, sums.bin1_p_sum, sums.bin1_hits
+    totals, largest_tail = sums.totals, sums.largest_tail
+    buf_keys, buf_probs, buf_n, part_counts = buffer
+    seq_rows, seq_n, doc, touched, current = documents
     stride = fine_bins + 1
     parts_mask = part_counts.size - 1
     doc_f = doc.view(np.float64)
@@ -187,20 +220,20 @@ def batch(
         label = labels[i]
         if label < 0 or label >= vocab:
             return _BAD_LABEL, i
-        top1 = top1_id[i]
+        top1 = rows.top1_id[i]
         if top1 < 0 or top1 >= vocab:
             return _BAD_TOP1, i
-        q = top1_prob[i]
+        q = rows.top1_prob[i]
         if not (q >= 0.0 and q <= 1.0):
             return _BAD_TOP1_PROB, i
-        doc_id = np.int64(docs[i])
+        doc_id = np.int64(rows.doc_id[i])
         if doc_id < -doc_limit or doc_id > doc_limit:
             return _BAD_DOC, i
-        if current[1] == 0 or doc_id != current[0]:
-            if current[1]:
-                flush(doc, touched, current, seq_rows, seq_n, stride)
-            current[0] = doc_id
-            current[1] = 1
+        if current[CURRENT_OPEN] == 0 or doc_id != current[CURRENT_DOC]:
+            if current[CURRENT_OPEN]:
+                flush(documents, stride)
+            current[CURRENT_DOC] = doc_id
+            current[CURRENT_OPEN] = 1
         n1 = 0
         p1 = 0.0
         h1 = 0
@@ -231,39 +264,39 @@ def batch(
                 buf_probs[eu] = v
                 eu += np.uint64(1)
                 part_counts[cu & pmask] += 1
-                r = b << np.uint64(3)
-                n_b = doc_flat[r + np.uint64(1)]
+                r = b * _U_SEQ_WIDTH
+                n_b = doc_flat[r + _U_SEQ_N]
                 if n_b == 0:  # (the check on n first: most entries meet a listed bin)
                     touch(doc, touched, np.int64(b))
-                doc_flat[r + np.uint64(1)] = n_b + 1
-                doc_flat[r + np.uint64(2)] += hit
-                doc_flat_f[r + np.uint64(5)] += v64
+                doc_flat[r + _U_SEQ_N] = n_b + 1
+                doc_flat[r + _U_SEQ_HITS] += hit
+                doc_flat_f[r + _U_SEQ_P_SUM] += v64
         e = np.int64(eu)
         buf_n[0] = e
         if hits == 0:
-            totals[0] += 1
-        totals[1] += hits
-        tc = tail_count[i]
-        totals[2] += tc
-        if tail_max[i] > largest_tail[0]:
-            largest_tail[0] = tail_max[i]
+            totals[MISSING_LABELS] += 1
+        totals[LABEL_HITS] += hits
+        tc = rows.tail_count[i]
+        totals[TAIL_COUNT] += tc
+        if rows.tail_max[i] > largest_tail[0]:
+            largest_tail[0] = rows.tail_max[i]
         if n1 + tc > 0:
             touch(doc, touched, 1)
-            doc[1, 1] += n1 + tc
-            doc[1, 2] += h1
-            doc_f[1, 5] += p1 + tail_mass[i]
-        label_count[label] += 1
-        top1_count[top1] += 1
+            doc[1, SEQ_N] += n1 + tc
+            doc[1, SEQ_HITS] += h1
+            doc_f[1, SEQ_P_SUM] += p1 + rows.tail_mass[i]
+        sums.label_count[label] += 1
+        sums.top1_count[top1] += 1
         q64 = np.float64(q)
         b = max(np.int64(np.ceil(q64 * fine_bins)), 1)
         ok = 1 if top1 == label else 0
-        top1_int[b, 0] += 1
-        top1_int[b, 1] += ok
-        top1_conf[b] += q64
+        sums.top1_counts[b, TOP1_N] += 1
+        sums.top1_counts[b, TOP1_CORRECT] += ok
+        sums.top1_conf[b] += q64
         touch(doc, touched, b)
-        doc[b, 3] += 1
-        doc[b, 4] += ok
-        doc_f[b, 6] += q64
+        doc[b, SEQ_TOP1_N] += 1
+        doc[b, SEQ_CORRECT] += ok
+        doc_f[b, SEQ_CONF_SUM] += q64
     return _OK, -1
 
 
@@ -281,8 +314,8 @@ def class_table(slots, bin1_n, bin1_hits, bin1_p, order, vocab, fine_bins):
         if bin1_n[c] != 0:
             per_class[c + 1] += 1
     for s in range(slots.shape[0]):
-        key = slots[s, 0]
-        if key != _EMPTY:
+        key = slots[s, CLASS_KEY]
+        if key != EMPTY:
             per_class[(key >> 32) + 1] += 1
             per_bin[(key & 0xFFFFFFFF) + 1] += 1
     for c in range(vocab):
@@ -290,8 +323,8 @@ def class_table(slots, bin1_n, bin1_hits, bin1_p, order, vocab, fine_bins):
     for b in range(fine_bins + 1):
         per_bin[b + 1] += per_bin[b]
     for s in range(slots.shape[0]):
-        key = slots[s, 0]
-        if key != _EMPTY:
+        key = slots[s, CLASS_KEY]
+        if key != EMPTY:
             b = key & 0xFFFFFFFF
             order[per_bin[b]] = s
             per_bin[b] += 1
@@ -315,14 +348,14 @@ def class_table(slots, bin1_n, bin1_hits, bin1_p, order, vocab, fine_bins):
             p_mass[c] += bin1_p[c]
     for t in range(per_bin[fine_bins + 1]):
         s = order[t]
-        key = slots[s, 0]
+        key = slots[s, CLASS_KEY]
         c = key >> 32
         r = per_class[c]
         per_class[c] = r + 1
         ids[r] = c
         bins[r] = key & 0xFFFFFFFF
-        n[r] = slots[s, 1]
-        hits[r] = slots[s, 2]
-        p_sum[r] = floats[s, 3]
-        p_mass[c] += floats[s, 3]
+        n[r] = slots[s, CLASS_N]
+        hits[r] = slots[s, CLASS_HITS]
+        p_sum[r] = floats[s, CLASS_P_SUM]
+        p_mass[c] += floats[s, CLASS_P_SUM]
     return ids, bins, n, p_sum, hits, p_mass

@@ -1,6 +1,8 @@
-"""The user's private cache (``$XDG_CACHE_HOME/fullece``): tables of runs
-fullece cannot write into and the sums ``fullece metrics`` reads, in
-directories only this user owns and can write (never a shared temp directory).
+"""The user's private cache (``$XDG_CACHE_HOME/fullece``, else
+``~/.cache/fullece``): ``tables/`` of runs fullece cannot write into,
+``scores/`` (the sums ``fullece metrics`` reads) and ``verified/`` (stamps of
+checks already run), in directories only this user owns and can write (never
+a shared temp directory).
 """
 
 from __future__ import annotations

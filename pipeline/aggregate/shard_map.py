@@ -1,9 +1,10 @@
 """Map step of ``fullece aggregate``: one shard -> its partial tables.
 
 A shard's partial tables live under ``RUN_DIR/tables/parts/<shard-stem>/``
-(see ``layout.parts_root``), keyed by the shard's sha256 in the manifest plus
-F and the schema version: a shard already mapped is never read again, a
-changed one is mapped anew.
+(see ``layout.parts_root``), keyed by ``Shard.key`` (the manifest's sha256 of
+its files, their size and mtime, its rows, the store, K, F and the schema
+version): a shard already mapped is never read again, a changed one is mapped
+anew.
 
 * top-k store: one pass per shard (``pipeline.aggregate.topk_pass``): the
   positions file is decoded once, batch by batch, and a compiled kernel folds

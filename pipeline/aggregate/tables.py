@@ -8,8 +8,9 @@ scratch files go), ``cache`` (the user's private cache). Here: ``aggregate``
 (map then reduce, under the tables directory's lock) and ``ensure_tables``
 (the tables of runs, rebuilt when missing, stale or in disagreement).
 
-Memory is bounded by DuckDB's limit (reduce) plus one chunk or batch and the
-shard's tables (map), never by N or N x K. No torch here.
+Memory is bounded by ``--memory-limit`` (reduce: in memory when the partial
+rows fit it, else DuckDB under it, spilling to disk) plus, per map worker, one
+chunk or batch and the shard's tables; never by N or N x K. No torch here.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def aggregate(
             meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir, kept)
             from pipeline.analysis.positions import write_scores
 
-            # NLL, Brier, entropy sums: metrics never rescans
+            # NLL, Brier, entropy sums, cached: metrics need not scan
             write_scores(runs, out, meta, progress=progress)
         finally:
             _release_map_memory()  # nothing of the map step outlives the call

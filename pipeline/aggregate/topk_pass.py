@@ -15,7 +15,7 @@ that, per kept entry (class c, probability p of record, float32):
 * sums the current document's (bin) values in one row per bin, appended as
   seq_bins rows when the document changes;
 * checks it on the way: class id in [0, K), p in [0, 1], and counts the rows
-  whose label is among their kept ids.
+  whose label is not among their kept ids.
 
 Per position the kernel checks label, top1_id, top1_prob and doc_id before
 counting the row, counts its label and top-1 class, and adds one seq_bins
@@ -23,7 +23,7 @@ entry at bin 1 (kept bin-1 entries plus the position's tail count/mass) and
 one top-1 entry. Everything the
 shard reduces to is therefore additive state of size O(K + table rows); a
 batch is the only thing proportional to the data. Sums are float64, counts
-int64, as in the SQL they replace.
+int64, as in ``sql.topk_part_sql``, which states the same tables in SQL.
 """
 
 from __future__ import annotations
@@ -34,8 +34,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.aggregate import topk_format as fmt
+from pipeline.aggregate.topk_format import (
+    ROW_ERRORS,
+    BatchRows,
+    DocumentBins,
+    EntryBuffer,
+    KernelCode,
+    Rules,
+    ShardSums,
+)
 from pipeline.core.binning import bin1_threshold
 from pipeline.core.tables import SparseBins
+from pipeline.errors import FulleceError
 
 BATCH_ROWS = 65_536  # positions decoded at a time (64 kept each: 4M entries, ~32 MB)
 _INITIAL_SEQ_ROWS = 1 << 16  # grown by doubling
@@ -45,16 +56,6 @@ _INITIAL_REGION_BITS = 10
 # last shard's table sizes: the next shard of this process starts there (no regrowth)
 _capacity_hint = {"class_region_bits": _INITIAL_REGION_BITS, "seq": _INITIAL_SEQ_ROWS}
 
-# codes the kernel returns (row index alongside), as in _topk_kernel
-_OK, _BAD_ID, _BAD_PROB, _GROW, _FULL, _BAD_LABEL, _BAD_TOP1, _BAD_TOP1_PROB, _BAD_DOC = range(9)
-_ROW_ERRORS = {
-    _BAD_ID: "kept class id outside [0, {k})",
-    _BAD_PROB: "kept probability outside [0, 1]",
-    _BAD_LABEL: "label outside [0, {k})",
-    _BAD_TOP1: "top1_id outside [0, {k})",
-    _BAD_TOP1_PROB: "top1_prob outside [0, 1]",
-    _BAD_DOC: "doc_id outside [-{limit}, {limit}]",
-}
 _DOC_LIMIT = 1 << 62  # doc_id * (F + 1) + bin must fit an int64
 
 
@@ -104,21 +105,10 @@ def warm_up(fine_bins: int, rows: int = 1000) -> None:
 
 
 def _flush_document(state) -> None:
-    if state._current[1]:
+    if state._current[fmt.CURRENT_OPEN]:
         state._reserve_seq_rows()
-        _kernels().flush(
-            state._doc,
-            state._touched,
-            state._current,
-            state._seq_rows,
-            state._seq_n,
-            state.fine_bins + 1,
-        )
-        state._current[1] = 0
-
-
-_EMPTY = np.iinfo(np.int64).min  # as in _topk_kernel.EMPTY
-_CLASS_WIDTH, _SEQ_WIDTH = 4, 8  # class slot / seq row columns (see the kernel)
+        _kernels().flush(state._documents(), state.fine_bins + 1)
+        state._current[fmt.CURRENT_OPEN] = 0
 
 
 def _new_table(width: int, cap: int, reuse=None) -> np.ndarray:
@@ -129,7 +119,7 @@ def _new_table(width: int, cap: int, reuse=None) -> np.ndarray:
         slots.fill(0)
     else:
         slots = np.zeros((cap, width), np.int64)
-    slots[:, 0] = _EMPTY
+    slots[:, 0] = fmt.EMPTY  # column 0: the key (CLASS_KEY, SEQ_KEY)
     return slots
 
 
@@ -163,22 +153,22 @@ def _seq_bins(rows: np.ndarray, stride: int) -> SparseBins:
     """seq_bins from the appended per-document rows (in key order when document
     ids increase through the shard; otherwise a document may have several rows
     per bin, which group_sum adds up)."""
-    keys = rows[:, 0]
+    keys = rows[:, fmt.SEQ_KEY]
     floats = rows.view(np.float64)
     # copies: `rows` is scratch the next shard reuses, and already-grouped
     # columns come back from group_sum as they are
     values = {
-        "n": rows[:, 1].copy(),
-        "p_sum": floats[:, 5].copy(),
-        "hits": rows[:, 2].copy(),
-        "top1_n": rows[:, 3].copy(),
-        "conf_sum": floats[:, 6].copy(),
-        "correct": rows[:, 4].copy(),
+        "n": rows[:, fmt.SEQ_N].copy(),
+        "p_sum": floats[:, fmt.SEQ_P_SUM].copy(),
+        "hits": rows[:, fmt.SEQ_HITS].copy(),
+        "top1_n": rows[:, fmt.SEQ_TOP1_N].copy(),
+        "conf_sum": floats[:, fmt.SEQ_CONF_SUM].copy(),
+        "correct": rows[:, fmt.SEQ_CORRECT].copy(),
     }
     return SparseBins.from_parts(keys // stride, keys % stride, values, stride)
 
 
-class KeptEntryError(ValueError):
+class KeptEntryError(FulleceError):
     """A kept entry the tables cannot hold (row index within the shard)."""
 
     def __init__(self, message: str, row: int):
@@ -211,7 +201,8 @@ class TopkShardPass:
         self.bin1_p_sum = self._per_class.view(np.float64)[:, 2]
         self.label_count = np.zeros(k, np.int64)
         self.top1_count = np.zeros(k, np.int64)
-        self._top1_int = np.zeros((f + 1, 2), np.int64)  # per top-1 bin: n, correct
+        # per top-1 bin: TOP1_N, TOP1_CORRECT
+        self._top1_int = np.zeros((f + 1, 2), np.int64)
         self._top1_conf = np.zeros(f + 1, np.float64)
         # rows whose label is not kept, kept entries equal to the label, tail_count
         self._totals = np.zeros(3, np.int64)
@@ -221,14 +212,14 @@ class TopkShardPass:
         # (doc, bin) -> n, hits, top1_n, correct, p_sum, conf
         scratch = _take_scratch()
         self._class = _new_table(
-            _CLASS_WIDTH, self._parts << self._region_bits, scratch.get("class")
+            fmt.CLASS_WIDTH, self._parts << self._region_bits, scratch.get("class")
         )
         self._region_counts = np.zeros(self._parts, np.int64)
-        # per document and bin: key, n, hits, top1_n, correct, p_sum, conf_sum, -
+        # per document and bin, a seq row (topk_format.SEQ_*)
         # (rows past _seq_n are never read: no need to clear them)
         self._seq_rows = scratch.get("seq_rows")
         if self._seq_rows is None or self._seq_rows.shape[0] < _capacity_hint["seq"]:
-            self._seq_rows = np.empty((_capacity_hint["seq"], _SEQ_WIDTH), np.int64)
+            self._seq_rows = np.empty((_capacity_hint["seq"], fmt.SEQ_WIDTH), np.int64)
         self._seq_n = np.zeros(1, np.int64)
         # (keys, probs) twice: arrival order, partition order
         self._buffer = scratch.get("buffer")
@@ -236,7 +227,7 @@ class TopkShardPass:
         self._part_starts = np.zeros(self._parts + 1, np.int64)
         self._part_counts = np.zeros(self._parts, np.int64)
         # the current document's seq bins, dense over bins (see _topk_kernel.batch)
-        self._doc = np.zeros((f + 1, _SEQ_WIDTH), np.int64)  # a seq row per bin
+        self._doc = np.zeros((f + 1, fmt.SEQ_WIDTH), np.int64)  # a seq row per bin
         self._touched = np.zeros(f + 2, np.int64)
         self._current = np.zeros(2, np.int64)
 
@@ -265,20 +256,17 @@ class TopkShardPass:
             self._group_buffer()
             size = max(_BUFFER_ENTRIES, longest)
             self._buffer = tuple(np.empty(size, dtype) for dtype in (np.int64, np.float32) * 2)
-        columns = (
-            np.asarray(col(name))
-            for name in ("label", "top1_id", "top1_prob", "doc_id", "tail_count", "tail_mass")
-        )
-        args = (
+        rows = BatchRows(
             ids,
             probs,
             id_off,
-            *columns,
-            np.asarray(col("tail_max")),
-            k,
-            f,
-            self._threshold,
-            _DOC_LIMIT // (f + 1),
+            *(
+                np.asarray(col(name))
+                for name in BatchRows._fields[3:]  # the positions columns of the same names
+            ),
+        )
+        rules = Rules(k, f, self._threshold, _DOC_LIMIT // (f + 1))
+        sums = ShardSums(
             self.bin1_n,
             self.bin1_p_sum,
             self.bin1_hits,
@@ -288,29 +276,21 @@ class TopkShardPass:
             self._top1_conf,
             self._totals,
             self._largest_tail,
-            *self._buffer[:2],
-            self._buffer_n,
-            self._part_counts,
         )
+        buffer = EntryBuffer(*self._buffer[:2], self._buffer_n, self._part_counts)
         row = 0
         while True:
-            code, row = kernels.batch(
-                row,
-                *args,
-                self._seq_rows,
-                self._seq_n,
-                self._doc,
-                self._touched,
-                self._current,
-            )
-            if code == _GROW:
+            # the seq rows may have grown: their group is made afresh each call
+            code, row = kernels.batch(row, rows, rules, sums, buffer, self._documents())
+            code = KernelCode(code)
+            if code is KernelCode.GROW:
                 self._reserve_seq_rows()
-            elif code == _FULL:
+            elif code is KernelCode.FULL:
                 self._group_buffer()
             else:
                 break
-        if code != _OK:
-            message = _ROW_ERRORS[code].format(k=k, limit=_DOC_LIMIT // (f + 1))
+        if code is not KernelCode.OK:
+            message = ROW_ERRORS[code].format(k=k, limit=_DOC_LIMIT // (f + 1))
             raise KeptEntryError(message, self.positions + int(row))
         self.kept_entries += int(id_off[-1])
         self.positions += n
@@ -318,16 +298,16 @@ class TopkShardPass:
     @property
     def label_rows_missing(self) -> int:
         """Rows whose label is not among their kept ids (0 for a valid shard)."""
-        return int(self._totals[0])
+        return int(self._totals[fmt.MISSING_LABELS])
 
     @property
     def label_hits(self) -> int:
         """Kept entries equal to their row's label (= rows for a valid shard)."""
-        return int(self._totals[1])
+        return int(self._totals[fmt.LABEL_HITS])
 
     @property
     def position_tail_count(self) -> int:
-        return int(self._totals[2])
+        return int(self._totals[fmt.TAIL_COUNT])
 
     @property
     def tail_max(self) -> float:
@@ -343,6 +323,9 @@ class TopkShardPass:
         )
         mass = np.bincount(ids, weights=tail_mass[keep].astype(np.float64), minlength=k)
         self.bin1_p_sum += mass
+
+    def _documents(self) -> DocumentBins:
+        return DocumentBins(self._seq_rows, self._seq_n, self._doc, self._touched, self._current)
 
     def _reserve_seq_rows(self) -> None:
         """Room for one more document's bins in the seq rows (doubling)."""
@@ -368,10 +351,10 @@ class TopkShardPass:
                 *ordered, starts, part, entry, self._region_bits, flat, flat.view(np.float64),
                 self._region_counts,
             )  # fmt: skip
-            if code != _GROW:
+            if code != KernelCode.GROW:
                 break
             self._region_bits += 1
-            bigger = _new_table(_CLASS_WIDTH, self._parts << self._region_bits)
+            bigger = _new_table(fmt.CLASS_WIDTH, self._parts << self._region_bits)
             kernels.rehash_regions(
                 self._class, bigger, self._region_counts, self._parts, self._region_bits
             )
@@ -410,7 +393,7 @@ class TopkShardPass:
             self.fine_bins,
         )
         seq_bins = _seq_bins(self._seq_rows[: int(self._seq_n[0])], stride)
-        top1_rows = np.flatnonzero(self._top1_int[:, 0])
+        top1_rows = np.flatnonzero(self._top1_int[:, fmt.TOP1_N])
         # classes with any kept or tail pair, label or top-1 position
         has_pairs = np.zeros(self.vocab_size, bool)
         has_pairs[c_ids] = True
@@ -427,9 +410,9 @@ class TopkShardPass:
             },
             "top1_bins": {
                 "bin": top1_rows.astype(np.int32),
-                "n": self._top1_int[top1_rows, 0],
+                "n": self._top1_int[top1_rows, fmt.TOP1_N],
                 "conf_sum": self._top1_conf[top1_rows],
-                "correct": self._top1_int[top1_rows, 1],
+                "correct": self._top1_int[top1_rows, fmt.TOP1_CORRECT],
             },
             "tokens": {
                 "class_id": tokens.astype(np.int32),

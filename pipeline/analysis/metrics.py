@@ -248,7 +248,7 @@ def _run_sums(run_dir, tables_dir, quiet: bool) -> dict | None:
     run = open_run(run_dir)
     try:
         return pos.write_scores([run], tables_dir, meta)
-    except OSError:  # a read-only tables directory: the sums, not kept
+    except OSError:  # the user's cache cannot be written: the sums, not kept
         return pos.scan_run(
             run_dir, progress=not quiet, keep_pairs=False, fine_bins=meta.get("fine_bins")
         ).sums()

@@ -366,7 +366,8 @@ def _scores_path(meta: dict) -> Path:
 def write_scores(runs, tables_dir, meta: dict, *, progress: bool = False) -> dict:
     """Scan the runs' (verified) positions once for the NLL, Brier and entropy
     sums and keep them in the user's cache (see _scores_path), so that
-    ``fullece metrics`` never reads a position again. Written atomically;
+    ``fullece metrics`` reads no position again while the cache holds them.
+    Written atomically;
     returns the sums. `tables_dir` is unused: kept for the callers' order."""
     from pipeline.store import atomic
 

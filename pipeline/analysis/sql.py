@@ -29,6 +29,8 @@ import secrets
 import stat
 from pathlib import Path
 
+from pipeline.errors import FulleceError
+
 TABLE_VIEWS = ("class_bins", "top1_bins", "tokens", "seq_bins")
 RUN_VIEWS = (*TABLE_VIEWS, "positions", "tail_bounds", "manifest", "meta")
 
@@ -48,7 +50,7 @@ SANDBOX_SETTINGS = (
 )
 
 
-class SqlError(ValueError):
+class SqlError(FulleceError):
     """A query or an export that the sandbox refuses."""
 
 

@@ -9,10 +9,8 @@ import click
 
 from pipeline import DEFAULT_FINE_BINS, MAX_BINS
 from pipeline.aggregate import DEFAULT_MEMORY_LIMIT, aggregate
-from pipeline.cli.common import fail, resumable, shards_text
+from pipeline.cli.common import ReadingCommand, resumable, shards_text
 from pipeline.progress import notice
-from pipeline.store.manifest import RunError
-from pipeline.store.schema import SchemaVersionError
 
 
 def _memory_limit(ctx, param, value: str) -> str:
@@ -37,7 +35,7 @@ def _out_dir(ctx, param, value):
     return Path(value)
 
 
-@click.command("aggregate")
+@click.command("aggregate", cls=ReadingCommand)
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--out",
@@ -87,18 +85,15 @@ def aggregate_command(run_dirs, out, fine_bins, memory_limit, quiet, allow_mixed
         "the partial tables of the shards already done are kept and reused; "
         "the same command resumes"
     )
-    try:
-        with resumable(how):
-            out_dir, meta = aggregate(
-                list(run_dirs),
-                out,
-                fine_bins,
-                memory_limit,
-                progress=not quiet,
-                allow_mixed_models=allow_mixed_models,
-            )
-    except (RunError, SchemaVersionError, ValueError) as err:
-        fail(err)
+    with resumable(how):
+        out_dir, meta = aggregate(
+            list(run_dirs),
+            out,
+            fine_bins,
+            memory_limit,
+            progress=not quiet,
+            allow_mixed_models=allow_mixed_models,
+        )
     dt = time.perf_counter() - t0
     click.echo(
         f"{out_dir}: {meta['positions']:,} positions, K={meta['vocab_size']:,}, "

@@ -9,7 +9,31 @@ from contextlib import contextmanager
 
 import click
 
+from pipeline.errors import FulleceError
 from pipeline.store.jsonsafe import dumps
+
+
+class Command(click.Command):
+    """A fullece command, with the one handler of its errors: a FulleceError,
+    or one of `reported` (errors of the libraries beneath that the command
+    reports the same way), is `Error: <one line>` on stderr, exit status 1."""
+
+    reported: tuple[type[BaseException], ...] = ()
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (FulleceError, *self.reported) as err:
+            from pipeline.cli import one_line
+
+            raise click.ClickException(one_line(str(err))) from err
+
+
+class ReadingCommand(Command):
+    """A command that reads runs and tables: a bad value (any ValueError) or a
+    missing file is reported as an error too."""
+
+    reported = (ValueError, FileNotFoundError)
 
 
 def fail(err: Exception):

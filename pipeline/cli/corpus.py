@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
+from pipeline.cli.common import Command
 from pipeline.demo.corpus import build_default_corpus, describe
 
 
-@click.command("corpus")
+@click.command("corpus", cls=Command)
 @click.option(
     "--out",
     "out_dir",

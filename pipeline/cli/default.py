@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pipeline.cli.common import fail
+from pipeline.cli.common import Command, fail
 from pipeline.demo.default import DefaultError, run_default_extract, run_default_metrics
 from pipeline.demo.train import DEFAULT_STEPS, DEFAULTS, TrainingError
 
@@ -19,7 +19,7 @@ def default():
     """
 
 
-@default.command("extract")
+@default.command("extract", cls=Command)
 @click.option(
     "--corpus-dir",
     default="data/corpus",
@@ -180,7 +180,7 @@ def extract_command(
         click.echo(run["run"])
 
 
-@default.command("metrics")
+@default.command("metrics", cls=Command)
 @click.option(
     "--runs-dir",
     default="runs",

@@ -7,10 +7,10 @@ import time
 
 import click
 
-from pipeline.cli.common import Interrupted, resumable
+from pipeline.cli.common import Command, Interrupted, resumable
 
 
-@click.command(context_settings={"show_default": True})
+@click.command(cls=Command, context_settings={"show_default": True})
 @click.option(
     "--model",
     "model",

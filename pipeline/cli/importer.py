@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.common import fail
+from pipeline.cli.common import ReadingCommand, fail
 from pipeline.ingest import DEFAULT_SUM_TOLERANCE
 
 
@@ -43,7 +43,7 @@ def _common_options(f):
 
 
 def _run(kind, files, out, vocab_size, model_dir, label, sum_tolerance, quiet):
-    from pipeline.ingest import IngestError, import_topk, import_vllm, vocab_size_from_model
+    from pipeline.ingest import import_topk, import_vllm, vocab_size_from_model
 
     if (vocab_size is None) == (model_dir is None):
         raise click.UsageError("give exactly one of --vocab-size K or --model DIR")
@@ -61,7 +61,7 @@ def _run(kind, files, out, vocab_size, model_dir, label, sum_tolerance, quiet):
             sum_tolerance=sum_tolerance,
             progress=not quiet,
         )
-    except (IngestError, ValueError, OSError) as err:
+    except OSError as err:  # an unreadable dump, say
         fail(err)
     m_exact = manifest["m_exact"]
     click.echo(
@@ -81,7 +81,7 @@ def import_command():
     """
 
 
-@import_command.command("vllm")
+@import_command.command("vllm", cls=ReadingCommand)
 @_common_options
 def vllm(files, out, vocab_size, model_dir, label, sum_tolerance, quiet):
     """vLLM prompt_logprobs dumps: JSON Lines of {"prompt_token_ids",
@@ -91,7 +91,7 @@ def vllm(files, out, vocab_size, model_dir, label, sum_tolerance, quiet):
     _run("vllm", files, out, vocab_size, model_dir, label, sum_tolerance, quiet)
 
 
-@import_command.command("topk")
+@import_command.command("topk", cls=ReadingCommand)
 @_common_options
 def topk(files, out, vocab_size, model_dir, label, sum_tolerance, quiet):
     """Top-k Parquet files: doc_id, label, ids list<int>, logprobs list<float>,

@@ -7,15 +7,13 @@ from pathlib import Path
 import click
 
 from pipeline import MAX_BINS, PAPER_BINS
-from pipeline.cli.common import dumps_json, fail
-from pipeline.store.manifest import RunError
-from pipeline.store.schema import SchemaVersionError
+from pipeline.cli.common import ReadingCommand, dumps_json
 
 # The analysis modules are imported inside each command: `fullece metrics` never
 # loads the compare code, nor `fullece compare` the metrics formatting.
 
 
-@click.command("metrics")
+@click.command("metrics", cls=ReadingCommand)
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option(
     "--bins",
@@ -59,25 +57,22 @@ def metrics(run_dir, bins, replicates, seed, as_json, quiet, partial, from_posit
         bins = parse_bins(bins)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--bins") from err
-    try:
-        result = metrics_for_run(
-            run_dir,
-            bins,
-            bootstrap_replicates=replicates,
-            seed=seed,
-            quiet=quiet,
-            partial=partial,
-            positions=from_positions,
-        )
-    except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:
-        fail(err)
+    result = metrics_for_run(
+        run_dir,
+        bins,
+        bootstrap_replicates=replicates,
+        seed=seed,
+        quiet=quiet,
+        partial=partial,
+        positions=from_positions,
+    )
     if as_json:
         click.echo(dumps_json(result))
     else:
         click.echo(format_metrics(result))
 
 
-@click.command("compare")
+@click.command("compare", cls=ReadingCommand)
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "-M",
@@ -99,10 +94,7 @@ def compare(run_dirs, n_bins, as_json, quiet, partial):
     """Compare runs (training checkpoints, say): one row each and the trend."""
     from pipeline.analysis.compare import compare_runs, format_compare
 
-    try:
-        result = compare_runs(list(run_dirs), n_bins, quiet=quiet, partial=partial)
-    except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:
-        fail(err)
+    result = compare_runs(list(run_dirs), n_bins, quiet=quiet, partial=partial)
     if as_json:
         click.echo(dumps_json(result))
     else:

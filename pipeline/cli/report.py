@@ -7,12 +7,11 @@ from pathlib import Path
 import click
 
 from pipeline.analysis.report import write_report
-from pipeline.cli.common import fail, resumable
+from pipeline.cli.common import ReadingCommand, resumable
 from pipeline.store.manifest import RunError
-from pipeline.store.schema import SchemaVersionError
 
 
-@click.command("report")
+@click.command("report", cls=ReadingCommand)
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--out",
@@ -37,23 +36,20 @@ def report(run_dirs, out_dir, quiet, partial, force):
     """PNG figures and a self-contained HTML page for one or several runs."""
     from pipeline.store.run import describe_coverage, require_complete
 
-    try:
-        _check_out_dir(out_dir, run_dirs)
-        for run_dir in run_dirs:
-            info = require_complete(run_dir, partial)
-            if not info["complete"]:
-                click.echo(
-                    f"fullece: {run_dir}: PARTIAL RUN (complete: false): {describe_coverage(info)}",
-                    err=True,
-                )
-        how = (
-            "partial tables of the shards already aggregated are kept and reused; "
-            "the same command resumes and draws the report again"
-        )
-        with resumable(how):
-            path = write_report(list(run_dirs), out_dir, quiet=quiet, force=force)
-    except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:
-        fail(err)
+    _check_out_dir(out_dir, run_dirs)
+    for run_dir in run_dirs:
+        info = require_complete(run_dir, partial)
+        if not info["complete"]:
+            click.echo(
+                f"fullece: {run_dir}: PARTIAL RUN (complete: false): {describe_coverage(info)}",
+                err=True,
+            )
+    how = (
+        "partial tables of the shards already aggregated are kept and reused; "
+        "the same command resumes and draws the report again"
+    )
+    with resumable(how):
+        path = write_report(list(run_dirs), out_dir, quiet=quiet, force=force)
     click.echo(str(path))
 
 

@@ -19,8 +19,7 @@ from pipeline.analysis.sql import (
     one_line,
     statements,
 )
-from pipeline.store.manifest import RunError
-from pipeline.store.schema import SchemaVersionError
+from pipeline.cli.common import ReadingCommand
 
 
 def _split_args(args):
@@ -295,7 +294,7 @@ def repl(con) -> None:
                 click.echo("cancelled", err=True)
 
 
-@click.command("sql", context_settings={"ignore_unknown_options": False})
+@click.command("sql", cls=ReadingCommand, context_settings={"ignore_unknown_options": False})
 @click.argument("args", nargs=-1, required=True)
 @click.option("--csv", "csv_path", type=click.Path(path_type=Path), help="Write the result as CSV.")
 @click.option(
@@ -338,10 +337,7 @@ def sql(args, csv_path, json_path, parquet_path, force, partial):
             check_export_path(path, run_dirs, force=force)
     except SqlError as err:
         raise click.ClickException(str(err)) from err
-    try:
-        con = connect(run_dirs, quiet=False, partial=partial)
-    except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:
-        raise click.ClickException(str(err)) from err
+    con = connect(run_dirs, quiet=False, partial=partial)
     try:
         if query is None:
             if sys.stdin.isatty():

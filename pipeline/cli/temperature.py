@@ -6,13 +6,11 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.common import dumps_json, fail, resumable, shards_text
+from pipeline.cli.common import ReadingCommand, dumps_json, resumable, shards_text
 from pipeline.progress import notice
-from pipeline.store.manifest import RunError
-from pipeline.store.schema import SchemaVersionError
 
 
-@click.command("temperature")
+@click.command("temperature", cls=ReadingCommand)
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option(
     "--grid",
@@ -50,11 +48,8 @@ def temperature(run_dir, grid, n_bins, as_json, quiet, partial):
         not quiet,
     )
     how = "temperature keeps nothing between runs; the same command starts over"
-    try:
-        with resumable(how):
-            result = temperature_for_run(
-                run_dir, grid=grid, n_bins=n_bins, quiet=quiet, partial=partial
-            )
-    except (RunError, SchemaVersionError, ValueError, FileNotFoundError) as err:
-        fail(err)
+    with resumable(how):
+        result = temperature_for_run(
+            run_dir, grid=grid, n_bins=n_bins, quiet=quiet, partial=partial
+        )
     click.echo(dumps_json(result) if as_json else format_temperature(result))

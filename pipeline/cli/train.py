@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from pipeline.cli.common import fail
-from pipeline.demo.train import DEFAULT_STEPS, DEFAULTS, TrainingError, train_model
+from pipeline.cli.common import Command
+from pipeline.demo.train import DEFAULT_STEPS, DEFAULTS, train_model
 
 
-@click.command("train")
+@click.command("train", cls=Command)
 @click.option(
     "--corpus",
     "corpus_path",
@@ -128,8 +128,6 @@ def train(
             force=force,
             progress=not quiet,
         )
-    except TrainingError as err:
-        fail(err)
     except UnicodeDecodeError as err:
         raise click.ClickException(
             f"{corpus_path}: not UTF-8 text (byte {err.start}: {err.reason}); "

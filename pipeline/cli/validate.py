@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import click
 
+from pipeline.cli.common import Command
 from pipeline.store.manifest import load_manifest
 from pipeline.store.validate import find_problems, table_notices
 
 
-@click.command("validate")
+@click.command("validate", cls=Command)
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=str))
 @click.option("--all", "show_all", is_flag=True, help="List every problem, not only the first.")
 def validate(run_dir, show_all):

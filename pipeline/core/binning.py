@@ -1,4 +1,8 @@
-"""The one binning rule (docs/design.md, "Bins"). Everything that bins goes through here.
+"""The one binning rule (docs/design.md, "Bins"), for numpy arrays and torch tensors.
+
+The compiled kernels (``core/_dense_kernel.py``, ``aggregate/_topk_kernel.py``)
+and the SQL builder (``aggregate/sql.py``: ``bin_sql``) cannot call these
+functions and state the same formula themselves; tests check them equal.
 
 Bin m (1-based) of M is ((m-1)/M, m/M]: a value on an edge belongs to the
 lower bin and p = 0 to bin 1. The probability of record is a float32; its bin

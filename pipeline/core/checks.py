@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.errors import FulleceError
+
 ROW_SUM_ATOL = 1e-3  # float32 softmax over 128k+ classes sums to 1 within ~1e-5
 
 
-class InputError(ValueError):
+class InputError(FulleceError):
     """Probabilities, logits or labels that cannot be measured."""
 
 

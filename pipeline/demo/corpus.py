@@ -40,6 +40,7 @@ import tokenize
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from pipeline.errors import FulleceError
 from pipeline.store.atomic import write_bytes, write_json
 from pipeline.store.manifest import file_sha256
 
@@ -239,7 +240,7 @@ def docstrings_of_source(source: str) -> list[str]:
     return out
 
 
-class CorpusError(ValueError):
+class CorpusError(FulleceError):
     """The default corpus cannot be built (a source package is missing)."""
 
 

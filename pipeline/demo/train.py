@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.errors import FulleceError
 from pipeline.store.atomic import atomic_path, write_json
 from pipeline.store.manifest import file_sha256
 
@@ -72,7 +73,7 @@ DEFAULTS = dict(
 DEFAULT_STEPS = 800
 
 
-class TrainingError(ValueError):
+class TrainingError(FulleceError):
     """Training cannot proceed (mismatching directory, empty corpus...)."""
 
 

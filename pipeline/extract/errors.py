@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pipeline.errors import FulleceError
 
-class ExtractError(ValueError):
+
+class ExtractError(FulleceError):
     """Bad input to `fullece extract`: the message names the file, document or offset."""
 
 

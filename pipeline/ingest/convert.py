@@ -36,10 +36,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.errors import FulleceError
+
 DEFAULT_SUM_TOLERANCE = 1e-3
 
 
-class IngestError(ValueError):
+class IngestError(FulleceError):
     """An input dump that cannot be imported (the message names file, line, position)."""
 
 

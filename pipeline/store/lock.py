@@ -22,10 +22,12 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from pipeline.errors import FulleceError
+
 LOCK_NAME = ".lock"
 
 
-class RunLockedError(ValueError):
+class RunLockedError(FulleceError):
     """Another process is writing this run directory."""
 
 

@@ -30,12 +30,13 @@ import json
 from pathlib import Path
 
 from pipeline.core.binning import m_exact_from_tail_max
+from pipeline.errors import FulleceError
 from pipeline.store.schema import check_version
 
 MANIFEST_NAME = "manifest.json"
 
 
-class RunError(ValueError):
+class RunError(FulleceError):
     """A run directory is missing, incomplete or inconsistent."""
 
 

@@ -64,7 +64,8 @@ class Shard:
 
     def key(self, fine_bins: int) -> str:
         """Identity of this shard's partial tables: its files' sha256 (from the
-        manifest), the store, K, F and the table schema version."""
+        manifest), their size and mtime on disk, its rows, the store, K, F and
+        the table schema version."""
         ident = {
             "files": self.entry.get("files") or {},
             "stat": self._stat(),
@@ -266,8 +267,11 @@ def open_runs(run_dirs) -> list[Run]:
 
 
 # ------------------------------------------------------------ shard checks
-# One set of checks, used by `validate` (shard_problems) and by every reader
-# of shards (aggregate, sql): a shard is read only after verify_shard_files.
+# One set of checks (check_shard), used by `validate` (shard_problems) and by
+# every reader of shards (aggregate, sql, open_verified_run): the footers
+# (schema, rows) are read first, to name what is wrong precisely; a shard's data
+# are read only after verify_shard_files (a Zarr store with a chunk index:
+# each chunk checked as zarr reads it).
 
 
 def require_file(path: Path | None, shard: Shard, what: str) -> Path:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from pipeline.core.tables import BIN_TABLE_SCHEMAS, SCHEMA_VERSION
+from pipeline.errors import FulleceError
 
 SUPPORTED_VERSIONS = (1,)
 # The positions table has its own version: v2 adds `sum_p2`. Runs written
@@ -27,7 +28,7 @@ SUPPORTED_VERSIONS = (1,)
 POSITIONS_VERSION = 2
 
 
-class SchemaVersionError(ValueError):
+class SchemaVersionError(FulleceError):
     """A file was written under a schema version this tool does not know."""
 
 

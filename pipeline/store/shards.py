@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.errors import FulleceError
 from pipeline.store.schema import (
     CLASS_TAIL,
     POSITIONS,
@@ -280,7 +281,7 @@ CHUNK_INDEX_FORMAT = "fullece.chunk-index"
 _CHUNK_INDEX_MAX_BYTES = 64 << 20
 
 
-class ChunkIndexError(ValueError):
+class ChunkIndexError(FulleceError):
     """A Zarr store that does not match its chunk index or the manifest (names the file)."""
 
 

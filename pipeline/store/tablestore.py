@@ -24,6 +24,7 @@ from pipeline import __version__
 from pipeline.core.arrow_numpy import column_numpy
 from pipeline.core.binning import m_exact_from_tail_max
 from pipeline.core.tables import BinTables
+from pipeline.errors import FulleceError
 from pipeline.store import atomic
 from pipeline.store.schema import SCHEMA_VERSION, check_table_schema, check_version
 
@@ -35,7 +36,7 @@ PARQUET_COMPRESSION = "zstd"
 _MASS_RTOL = 1e-3
 
 
-class TablesError(ValueError):
+class TablesError(FulleceError):
     """Bin tables that are missing, damaged, altered or of another layout."""
 
 
