@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from pipeline import PAPER_BINS
+from pipeline.errors import FulleceError
 from pipeline.store.atomic import write_json
 
 SUMMARY_FILE = "default.json"
@@ -62,8 +63,8 @@ FINDING_NAMES = {
 }
 
 
-class DefaultError(ValueError):
-    pass
+class DefaultError(FulleceError):
+    """The default experiment cannot go on (a missing checkpoint, a failed step)."""
 
 
 def _log(msg: str) -> None:
