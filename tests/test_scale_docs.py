@@ -13,7 +13,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 pytest.importorskip("torchmetrics")
 
+from pipeline import PAPER_BINS  # noqa: E402
 from pipeline.core.probability import probs_of_record  # noqa: E402
+from pipeline.integrations.names import FIGURES  # noqa: E402
 from pipeline.metrics import ece, full_ece  # noqa: E402
 from tests.helpers.extract_models import build_gpt2, synthetic_texts, token_sequences  # noqa: E402
 
@@ -84,8 +86,9 @@ def test_lightning_snippet(tiny):
     (logged,) = trainer.validate(module, dataloaders=batches, verbose=False)
     logits, labels = _all_positions(tiny)
     probs = probs_of_record(logits)
+    # the dict form (no classwise state) logs every figure but cw-ECE at M = 5 and 100
     assert set(logged) == {"val/full_ece_m10"} | {
-        f"val/{name}_m{m}" for name in ("ece", "full_ece") for m in (5, 100)
+        f"val/{name}_m{m}" for name in FIGURES if name != "cw_ece" for m in (5, 100)
     }
     for m in (5, 10, 100):  # 10 from the single-value form, 5 and 100 from the dict
         assert logged[f"val/full_ece_m{m}"] == pytest.approx(full_ece(probs, labels, m), abs=1e-6)
@@ -115,7 +118,8 @@ def test_mlflow_snippet(tiny, tmp_path, monkeypatch):
         mlflow.set_tracking_uri(None)
     stored = mlflow.MlflowClient(tracking_uri=uri).get_run(run.info.run_id).data.metrics
     assert stored["full_ece_m10"] == pytest.approx(full_ece(probs, labels, 10), abs=1e-6)
-    assert len(stored) == 14  # ece and full_ece at the paper's 7 M
+    # every figure but cw-ECE (no classwise state) at the paper's 7 M
+    assert set(stored) == {f"{n}_m{m}" for n in FIGURES if n != "cw_ece" for m in PAPER_BINS}
 
 
 def _all_positions(tiny):
