@@ -5,26 +5,7 @@ a test that changes one works on a copy (``shutil.copytree``)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _private_cache_of_the_session(tmp_path_factory):
-    """The user's cache (tables of read-only runs, kept sums, verification stamps)
-    in a directory of this session, for every test and every process it starts:
-    the suite never writes into the real ~/.cache/fullece. A test that needs its
-    own cache sets XDG_CACHE_HOME itself (monkeypatch restores this one)."""
-    cache = tmp_path_factory.mktemp("xdg-cache")
-    cache.chmod(0o700)
-    before = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(cache)
-    yield cache
-    if before is None:
-        os.environ.pop("XDG_CACHE_HOME", None)
-    else:
-        os.environ["XDG_CACHE_HOME"] = before
 
 
 @pytest.fixture(scope="session")
