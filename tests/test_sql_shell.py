@@ -10,6 +10,7 @@ import fcntl
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import termios
@@ -136,6 +137,8 @@ class Terminal:
         def become_session_leader():
             os.setsid()
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            # a foreground job's SIGINT (a background launcher leaves it ignored)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
 
         fullece = shutil.which("fullece", path=str(Path(sys.executable).parent))
         self.proc = subprocess.Popen(

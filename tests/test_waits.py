@@ -74,6 +74,9 @@ def _interrupt(args, tmp_path, ready, name="int.txt") -> tuple[int, str]:
             stdout=subprocess.DEVNULL,
             stderr=err,
             start_new_session=True,
+            # as a foreground job gets it: a launcher that ran these tests in the
+            # background left SIGINT ignored, and an ignored signal survives exec
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         try:
             deadline = time.monotonic() + 300
