@@ -134,19 +134,12 @@ class PositionScan:
     def _add_mass_sq(self, col, n: int) -> None:
         """Σ_i q_im² from the kept entries and the tail mass, the tail in bin 1:
         right at every M <= M_exact (where it is used)."""
-        from pipeline.core.binning import fine_bin_index
-        from pipeline.core.floors import bin_mass_sq_of_rows
+        from pipeline.core.floors import bin_mass_sq_of_entries
 
         rows, kept = _kept_entries(col["kept_probs"], n)
         tail = column_numpy(col["tail_mass"]).astype(np.float64)
         self.add_mass_sq(
-            bin_mass_sq_of_rows(
-                np.r_[rows, np.arange(n)],
-                np.r_[fine_bin_index(kept, self.fine_bins), np.ones(n, np.int32)],
-                np.r_[kept.astype(np.float64), tail],
-                self.fine_bins,
-                self.mass_sq,
-            )
+            bin_mass_sq_of_entries(rows, kept, n, self.mass_sq, self.fine_bins, bin1=tail)
         )
 
     def add_mass_sq(self, parts: dict) -> None:

@@ -241,24 +241,39 @@ def bin_mass_sq_of_rows(rows, fine_bin, probs, fine_bins: int, ms) -> dict:
     return out
 
 
+def bin_mass_sq_of_entries(rows, probs, n: int, ms, fine_bins: int = 1000, bin1=None) -> dict:
+    """{M: Σ_i q_im²} from (row, float32 probability) entries of `n` rows, plus
+    `bin1` [n] mass each row has in fine bin 1 already (a tail, say). Entries in
+    fine bin 1 (a float32 comparison, binning.bin1_threshold) are summed per row
+    first, so only the few larger entries are binned and sorted."""
+    rows = np.asarray(rows, np.int64)
+    p = np.asarray(probs, np.float32)
+    high = p > bin1_threshold(fine_bins)
+    low_mass = np.bincount(rows[~high], weights=p[~high].astype(np.float64), minlength=n)
+    low_mass = low_mass.astype(np.float64, copy=False)  # int64 when there are no entries
+    if bin1 is not None:
+        low_mass += bin1
+    return bin_mass_sq_of_rows(
+        np.r_[np.arange(n), rows[high]],
+        np.r_[np.ones(n, np.int64), fine_bin_index(p[high], fine_bins)],
+        np.r_[low_mass, p[high].astype(np.float64)],
+        fine_bins,
+        ms,
+    )
+
+
 def bin_mass_sq(probs, ms, fine_bins: int = 1000, probs64=None) -> dict:
     """{M: Σ_i q_im²} of dense [n, K] probabilities of record, for M in `ms`.
-    Fine bin 1 (a float32 comparison, binning.bin1_threshold) is summed per row
-    first, so only the few larger entries are binned and sorted. `probs64`: the
-    same probabilities as float64, when the caller has them already."""
+    Fine bin 1 is summed per row first (see bin_mass_sq_of_entries): a dense row
+    is mostly bin-1 mass. `probs64`: the same probabilities as float64, when the
+    caller has them already."""
     p = np.asarray(probs, np.float32)
     p64 = p.astype(np.float64) if probs64 is None else probs64
     n = p.shape[0]
     high = p > bin1_threshold(fine_bins)
     bin1 = np.add.reduce(p64, axis=1, where=~high)
     r, c = np.nonzero(high)
-    return bin_mass_sq_of_rows(
-        np.r_[np.arange(n), r],
-        np.r_[np.ones(n, np.int64), fine_bin_index(p[r, c], fine_bins)],
-        np.r_[bin1, p64[r, c]],
-        fine_bins,
-        ms,
-    )
+    return bin_mass_sq_of_entries(r, p[r, c], n, ms, fine_bins, bin1=bin1)
 
 
 def floor_rows(tables: BinTables, n_bins: int, mass_sq=None, *, cw_known: bool = True) -> dict:
