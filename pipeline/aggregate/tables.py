@@ -21,7 +21,6 @@ import shutil
 from pathlib import Path
 
 from pipeline import DEFAULT_FINE_BINS
-from pipeline.aggregate.cache import _tables_cache
 from pipeline.aggregate.checks import _current_tables, _shard_problem, check_mergeable
 from pipeline.aggregate.layout import (
     META_NAME,
@@ -41,6 +40,7 @@ from pipeline.aggregate.reduce import (
 from pipeline.aggregate.shard_map import PartCache, _release_map_memory, build_parts
 from pipeline.progress import notice
 from pipeline.store import tablestore
+from pipeline.store.cache import _tables_cache
 from pipeline.store.lock import RunLock
 from pipeline.store.run import AggregateError, open_run, open_runs
 from pipeline.store.schema import SchemaVersionError

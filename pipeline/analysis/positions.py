@@ -351,7 +351,7 @@ def _scores_path(meta: dict) -> Path:
     cache, keyed by the verified shards' sha256s. Never the run's tables
     directory: a file there is the run's word, and anyone who hands you a run
     could write any NLL into it (docs/trust.md)."""
-    from pipeline.aggregate.cache import private_cache_dir
+    from pipeline.store.cache import private_cache_dir
 
     return private_cache_dir("scores") / f"{_inputs_key(meta)}.json"
 

@@ -74,7 +74,7 @@ def stamp_name(kind: str, args, paths) -> str | None:
 
 
 def _stamp_dir() -> Path:
-    from pipeline.aggregate.cache import private_cache_dir
+    from pipeline.store.cache import private_cache_dir
 
     return private_cache_dir("verified")
 
