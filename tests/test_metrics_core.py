@@ -527,6 +527,19 @@ def test_bad_kept_input_is_named():
         acc.compute()
 
 
+def test_bad_seq_ids_or_top1_of_kept_input_add_nothing():
+    """Every check of update_kept runs before the state changes: a refused batch
+    (seq_ids or top1_ids wrong) leaves the accumulator as it was."""
+    acc = CalibrationAccumulator(5)
+    ids, probs = np.array([[0, 1]]), np.array([[0.6, 0.3]], np.float32)
+    with pytest.raises(InputError, match="seq_ids must be"):
+        acc.update_kept(ids, probs, [1], [3], [0.1], [0.05], seq_ids=[0, 1])
+    with pytest.raises(InputError):
+        acc.update_kept(ids, probs, [1], [3], [0.1], [0.05], top1_ids=[9], top1_probs=[0.6])
+    assert acc.positions == 0 and acc.tail_max == 0.0
+    assert not acc._bin1_n.any() and not acc._p_mass.any() and not acc._label_count.any()
+
+
 def test_dense_width_must_match():
     acc = CalibrationAccumulator(4)
     with pytest.raises(InputError, match="expected K=4"):

@@ -302,6 +302,28 @@ def _group_class_parts(
     return SparseBins(out[0], out[1], dict(zip(CLASS_BIN_VALUES, out[2:], strict=True)))
 
 
+def _flat_kept(kept_ids, kept_probs, row_offsets):
+    """(int64 ids, float32 probabilities, int64 offsets from 0) of kept entries given
+    as ``[n, k]`` arrays or flat with Arrow-style ``row_offsets``."""
+    ids = to_numpy(kept_ids)
+    vals = to_numpy(kept_probs).astype(np.float32, copy=False)
+    if row_offsets is None:
+        if ids.ndim != 2 or vals.shape != ids.shape:
+            raise InputError(
+                f"kept_ids/kept_probs must be [n, k] of one shape (got {ids.shape} and "
+                f"{vals.shape}), or flat with row_offsets"
+            )
+        n, width = ids.shape
+        offsets = np.arange(0, n * width + 1, width or 1, dtype=np.int64)[: n + 1]
+        ids, vals = ids.ravel(), vals.ravel()
+    else:
+        offsets = to_numpy(row_offsets).astype(np.int64)
+        if ids.shape != vals.shape or ids.ndim != 1 or offsets[-1] - offsets[0] != ids.size:
+            raise InputError("row_offsets do not match the flat kept_ids/kept_probs")
+        offsets = offsets - offsets[0]
+    return ids.astype(np.int64, copy=False), vals, offsets
+
+
 def _first_max_per_row(offsets, ids, vals):
     """Per row of a flat list layout: the largest value, lowest id among ties."""
     starts = offsets[:-1]
@@ -545,33 +567,50 @@ class CalibrationAccumulator:
         kept_ids/kept_probs are ``[n, k]`` or flat with ``row_offsets`` (n+1
         Arrow-style offsets). The label must be among each row's kept ids.
         The per-class tail vectors of the same positions go to
-        :meth:`add_class_tail`.
+        :meth:`add_class_tail`. Every check runs before the state changes: bad
+        input adds nothing.
         """
-        k, f = self.vocab_size, self.fine_bins
-        ids = to_numpy(kept_ids)
-        vals = to_numpy(kept_probs).astype(np.float32, copy=False)
-        if row_offsets is None:
-            if ids.ndim != 2 or vals.shape != ids.shape:
-                raise InputError(
-                    f"kept_ids/kept_probs must be [n, k] of one shape (got {ids.shape} and "
-                    f"{vals.shape}), or flat with row_offsets"
-                )
-            n, width = ids.shape
-            offsets = np.arange(0, n * width + 1, width or 1, dtype=np.int64)[: n + 1]
-            ids, vals = ids.ravel(), vals.ravel()
-        else:
-            offsets = to_numpy(row_offsets).astype(np.int64)
-            n = offsets.size - 1
-            if ids.shape != vals.shape or ids.ndim != 1 or offsets[-1] - offsets[0] != ids.size:
-                raise InputError("row_offsets do not match the flat kept_ids/kept_probs")
-            ids, vals = ids, vals
-            offsets = offsets - offsets[0]
+        ids, vals, offsets = _flat_kept(kept_ids, kept_probs, row_offsets)
+        n = offsets.size - 1
         if n <= 0:
             raise InputError("empty input: no positions")
-        labels = check_labels(labels, n, k, row_offset=self.positions)
-        ids = ids.astype(np.int64, copy=False)
-        counts = np.diff(offsets)
-        rows = np.repeat(np.arange(n), counts)
+        labels = check_labels(labels, n, self.vocab_size, row_offset=self.positions)
+        rows, hit = self._check_kept(ids, vals, offsets, labels)
+        tail_count, tail_mass, tail_max = self._check_tail(
+            np.diff(offsets), tail_count, tail_mass, tail_max
+        )
+        if top1_ids is None:
+            top1_id, top1_prob = _first_max_per_row(offsets, ids, vals)
+        else:
+            top1_id = check_labels(top1_ids, n, self.vocab_size, row_offset=self.positions)
+            top1_prob = to_numpy(top1_probs).astype(np.float32)
+        seq_ids = None if seq_ids is None else self._check_seq_ids(seq_ids, n)
+
+        vals64 = vals.astype(np.float64)
+        fine = self._add_kept_entries(ids, vals, vals64, hit)
+        self._add_top1(top1_id, top1_prob, labels)
+        self._label_count += np.bincount(labels, minlength=self.vocab_size)
+        self._p_mass += np.bincount(ids, weights=vals64, minlength=self.vocab_size)
+        self._position_tail_count += int(tail_count.sum())
+        self.tail_max = max(self.tail_max, float(tail_max.max()))
+        if seq_ids is not None:
+            self._add_seq_parts(
+                seq_ids,
+                entry_rows=np.r_[rows, np.arange(n)],
+                entry_bins=np.r_[fine, np.ones(n, np.int32)],
+                entry_n=np.r_[np.ones(rows.size, np.int64), tail_count],
+                entry_p=np.r_[vals64, tail_mass],
+                entry_hits=np.r_[hit, np.zeros(n, np.int64)],
+                top1_prob=top1_prob,
+                correct=(top1_id == labels),
+            )
+        self.positions += n
+
+    def _check_kept(self, ids, vals, offsets, labels):
+        """(row of each entry, 1 where the entry is its row's label) after checking
+        the ids, the probabilities, no repeated id in a row and the label kept once."""
+        k, n = self.vocab_size, offsets.size - 1
+        rows = np.repeat(np.arange(n), np.diff(offsets))
         bad = np.flatnonzero((ids < 0) | (ids >= k))
         if bad.size:
             raise InputError(
@@ -584,14 +623,19 @@ class CalibrationAccumulator:
             check_value_range(float(vals.min()), float(vals.max()), where="kept probabilities")
         _check_no_duplicates(rows, ids, k, self.positions)
         hit = (ids == labels[rows]).astype(np.int64)
-        hits_per_row = np.bincount(rows, weights=hit, minlength=n)
-        missing = np.flatnonzero(hits_per_row != 1)
+        missing = np.flatnonzero(np.bincount(rows, weights=hit, minlength=n) != 1)
         if missing.size:
             i = int(missing[0])
             raise InputError(
                 f"row {self.positions + i}: the label {labels[i]} is not among the kept ids "
                 "(the label must always be kept)"
             )
+        return rows, hit
+
+    def _check_tail(self, counts, tail_count, tail_mass, tail_max):
+        """The tail summary as (int64, float64, float32) arrays [n], checked: each row's
+        kept + tail entries make K, masses and maxima finite and >= 0."""
+        n = counts.size
         tail_count = to_numpy(tail_count).astype(np.int64)
         tail_mass = to_numpy(tail_mass).astype(np.float64)
         tail_max = to_numpy(tail_max).astype(np.float32)
@@ -602,21 +646,26 @@ class CalibrationAccumulator:
         ):
             if arr.shape != (n,):
                 raise InputError(f"{name} must be [n] = [{n}], got shape {arr.shape}")
-        wrong = np.flatnonzero(counts + tail_count != k)
+        wrong = np.flatnonzero(counts + tail_count != self.vocab_size)
         if wrong.size:
             i = int(wrong[0])
             raise InputError(
                 f"row {self.positions + i}: {counts[i]} kept + {tail_count[i]} tail entries "
-                f"!= K = {k}"
+                f"!= K = {self.vocab_size}"
             )
         if not (np.isfinite(tail_mass).all() and np.isfinite(tail_max).all()):
             raise InputError("tail_mass/tail_max contain NaN or inf")
         if (tail_mass < 0).any() or (tail_max < 0).any():
             raise InputError("tail_mass/tail_max must be >= 0")
+        return tail_count, tail_mass, tail_max
 
-        vals64 = vals.astype(np.float64)
-        fine = fine_bin_index(vals, f)
-        in_bin1 = fine == 1  # dense per-class vectors: no grouping needed
+    def _add_kept_entries(self, ids, vals, vals64, hit):
+        """Kept (id, probability) entries into class_bins: fine bin 1 straight into the
+        dense per-class vectors (no grouping needed), the rest as a part. Returns
+        each entry's fine bin."""
+        k = self.vocab_size
+        fine = fine_bin_index(vals, self.fine_bins)
+        in_bin1 = fine == 1
         self._bin1_n += np.bincount(ids[in_bin1], minlength=k)
         self._bin1_p_sum += np.bincount(ids[in_bin1], weights=vals64[in_bin1], minlength=k)
         self._bin1_hits += np.bincount(ids[in_bin1], weights=hit[in_bin1], minlength=k).astype(
@@ -626,30 +675,7 @@ class CalibrationAccumulator:
         self._add_class_part(
             ids[above], fine[above], np.ones(int(above.sum()), np.int64), vals64[above], hit[above]
         )
-        if top1_ids is None:
-            top1_id, top1_prob = _first_max_per_row(offsets, ids, vals)
-        else:
-            top1_id = check_labels(top1_ids, n, k, row_offset=self.positions)
-            top1_prob = to_numpy(top1_probs).astype(np.float32)
-        self._add_top1(top1_id, top1_prob, labels)
-        self._label_count += np.bincount(labels, minlength=k)
-        self._p_mass += np.bincount(ids, weights=vals64, minlength=k)
-        self._position_tail_count += int(tail_count.sum())
-        if n:
-            self.tail_max = max(self.tail_max, float(tail_max.max()))
-        if seq_ids is not None:
-            seq_ids = self._check_seq_ids(seq_ids, n)
-            self._add_seq_parts(
-                seq_ids,
-                entry_rows=np.r_[rows, np.arange(n)],
-                entry_bins=np.r_[fine, np.ones(n, np.int32)],
-                entry_n=np.r_[np.ones(rows.size, np.int64), tail_count],
-                entry_p=np.r_[vals64, tail_mass],
-                entry_hits=np.r_[hit, np.zeros(n, np.int64)],
-                top1_prob=top1_prob,
-                correct=(top1_id == labels),
-            )
-        self.positions += n
+        return fine
 
     def add_class_tail(self, tail_count, tail_mass, class_ids=None) -> None:
         """Per-class tail pairs (count, float64 mass), summed over positions;
