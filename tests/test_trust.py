@@ -596,13 +596,10 @@ def test_train_non_utf8_corpus(tmp_path):
 
 
 def test_unexpected_exception_is_one_line(run, monkeypatch):
-    import pipeline.analysis.metrics as metrics
-
     def boom(*a, **k):
         raise KeyError("surprise")
 
-    monkeypatch.setattr(metrics, "compute_metrics", boom, raising=False)
-    monkeypatch.setattr("pipeline.core.metrics.compute_metrics", boom)
+    monkeypatch.setattr("pipeline.core.metrics.metrics_row", boom)
     monkeypatch.setenv("FULLECE_DEBUG", "0")  # restored after the test (--debug sets it)
     res = cli("metrics", run, "--bins", M, "--quiet")
     assert_clear_error(res, "fullece: error: KeyError", "--debug")

@@ -341,7 +341,7 @@ def test_unexpected_exception_is_exactly_one_line(topk_run, monkeypatch):
     def boom(*a, **k):
         raise KeyError("surprise\nsecond line")
 
-    monkeypatch.setattr("pipeline.core.metrics.compute_metrics", boom)
+    monkeypatch.setattr("pipeline.core.metrics.metrics_row", boom)
     monkeypatch.setenv("FULLECE_DEBUG", "0")
     res = cli("metrics", topk_run, "--bins", 10, "--quiet")
     assert_one_line_error(res, "fullece: error: KeyError", "surprise", "second line", "--debug")

@@ -30,7 +30,7 @@ def compare_runs(run_dirs, n_bins: int = 10, *, quiet: bool = False, partial: bo
     """One row per run (labelled from its manifest) at M = n_bins, and the trend.
     Incomplete runs are refused unless `partial` (their rows say ``complete: false``)."""
     from pipeline.aggregate import ensure_tables, load_run_tables
-    from pipeline.core.metrics import determined_row
+    from pipeline.core.metrics import determined_row, tables_at
     from pipeline.store.run import describe_coverage, require_complete
 
     if not isinstance(n_bins, int) or isinstance(n_bins, bool) or n_bins < 1:
@@ -47,7 +47,13 @@ def compare_runs(run_dirs, n_bins: int = 10, *, quiet: bool = False, partial: bo
         tail_bounds = _tail_bounds(tables_dir, tables)
         m = determined_row(tables, n_bins, tail_bounds)
         sums = _run_sums(run_dir, tables_dir, quiet)
-        floor_notes = add_floors([m], tables, mass_sq_of(sums), tail_bounds is None)
+        floor_notes = add_floors(
+            [m],
+            {n_bins: tables_at(tables, n_bins)},
+            mass_sq_of(sums),
+            tail_bounds is None,
+            tables.fine_bins,
+        )
         rows.append(
             {
                 "label": run_label(run_dir) if is_run(run_dir) else run_dir.name,

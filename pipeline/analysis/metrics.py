@@ -63,9 +63,8 @@ def metrics_for_run(
     of the run already made, which the report reuses) every position is read:
     exact adaptive ECE and relplot's smECE on the raw top-1 pairs.
     An incomplete run is refused unless `partial` (then ``complete: false``)."""
-    from pipeline.aggregate import aggregate, ensure_tables, load_run_tables
-    from pipeline.core.binning import is_exact
-    from pipeline.core.metrics import compute_metrics, determined_row, direction_at, rsd_of_rows
+    from pipeline.aggregate import ensure_tables, load_run_tables
+    from pipeline.core.metrics import rsd_of_rows, token_frequency
     from pipeline.store.run import describe_coverage, require_complete
 
     run_dir = Path(run_dir)
@@ -75,43 +74,92 @@ def metrics_for_run(
     if tables.positions <= 0:
         raise RunError(f"{tables_dir}: the tables hold no positions")
     bins = list(bins)
-    f = tables.fine_bins
-    coarse = [m for m in bins if f % m == 0]
-    other = [m for m in bins if f % m]
     tail_bounds = _tail_bounds(tables_dir, tables)
-    result = compute_metrics(tables, coarse, tail_bounds)
-    rows = {
-        r["M"]: dict(r, source="tables", **direction_at(tables, r["M"])) for r in result["bins"]
-    }
-    notes = []
-    extra_tables = {}
-    if other:
-        if not is_run(run_dir):
-            raise RunError(
-                f"M={','.join(map(str, other))} does not divide the fine grid F={f} of "
-                f"{tables_dir}: it is computed from the shards, which need a run directory"
-            )
-        for m in other:
-            with tempfile.TemporaryDirectory(prefix="fullece-M") as tmp:
-                out, _ = aggregate(
-                    [run_dir],
-                    Path(tmp) / "tables",
-                    fine_bins=m,
-                    progress=not quiet,
-                    keep_parts=False,
-                )
-                t_m = load_run_tables(out)
-                bounds_m = _tail_bounds(out, t_m)
-            rows[m] = dict(
-                determined_row(t_m, m, bounds_m), source="shards", **direction_at(t_m, m)
-            )
-            extra_tables[m] = t_m
-            notes.append(f"M={m} does not divide the fine grid F={f}: computed from the shards")
+    rows, at_m, notes = _rows_at_each_m(run_dir, tables_dir, tables, bins, tail_bounds, quiet)
     ordered = [rows[m] for m in bins]
+    notes.extend(_determination_notes(ordered, tables, tail_bounds))
+    scores, sums, score_notes = _position_scores(
+        run_dir, tables_dir, tables, ordered, scan, positions, quiet
+    )
+    notes.extend(score_notes)
+    notes.extend(
+        add_floors(
+            ordered,
+            at_m,
+            mass_sq_of(sums),
+            tail_bounds is None,
+            tables.fine_bins,
+            from_shards=[m for m in bins if rows[m]["source"] == "shards"],
+        )
+    )
+    if is_run(run_dir) or scores["nll"] is not None:
+        notes.extend(_score_notes(scores))
+    rsd = rsd_of_rows(ordered)
+    rsd_note = _rsd_note(rsd)
+    if rsd_note:
+        notes.append(rsd_note)
+    boot = None
+    if bootstrap_replicates:
+        boot = _bootstrap(at_m, ordered, rsd, bootstrap_replicates, seed)
+    label = run_label(run_dir) if is_run(run_dir) else run_dir.resolve().name
+    if not coverage["complete"]:
+        notes.insert(0, f"partial run (complete: false): {describe_coverage(coverage)}")
+    return {
+        "schema_version": METRICS_JSON_VERSION,
+        "complete": bool(coverage["complete"]),
+        "run": {"label": label, "path": str(run_dir), "tables": str(tables_dir)},
+        "positions": tables.positions,
+        "vocab_size": tables.vocab_size,
+        "fine_bins": tables.fine_bins,
+        "m_exact": tables.m_exact,
+        "tail_max": float(tables.tail_max),
+        **{key: scores[key] for key in _RUN_KEYS},
+        "bins": [dict(clean_row(r), **_extra_bin_keys(r), **floor_keys(r)) for r in ordered],
+        "rsd": rsd,
+        "token_frequency": token_frequency(tables),
+        "bootstrap": boot,
+        "notes": notes,
+    }
+
+
+def _rows_at_each_m(run_dir, tables_dir, tables, bins, tail_bounds, quiet):
+    """({M: row}, {M: tables at M}, notes): one :func:`pipeline.core.metrics.metrics_row`
+    per M, from the tables where M divides their fine grid F, else from the shards
+    re-aggregated at F = M (adaptive ECE still bounded on the finer grid of F)."""
+    from pipeline.aggregate import aggregate, load_run_tables
+    from pipeline.core.metrics import metrics_row
+
+    f = tables.fine_bins
+    other = [m for m in bins if f % m]
+    if other and not is_run(run_dir):
+        raise RunError(
+            f"M={','.join(map(str, other))} does not divide the fine grid F={f} of "
+            f"{tables_dir}: it is computed from the shards, which need a run directory"
+        )
+    rows, at_m, notes = {}, {}, []
+    for m in bins:
+        if f % m == 0:
+            rows[m], at_m[m] = metrics_row(tables, m, tail_bounds)
+            rows[m]["source"] = "tables"
+            continue
+        with tempfile.TemporaryDirectory(prefix="fullece-M") as tmp:
+            out, _ = aggregate(
+                [run_dir], Path(tmp) / "tables", fine_bins=m, progress=not quiet, keep_parts=False
+            )
+            t_m = load_run_tables(out)
+            bounds_m = _tail_bounds(out, t_m)
+        rows[m], at_m[m] = metrics_row(t_m, m, bounds_m, top1_grid=tables)
+        rows[m]["source"] = "shards"
+        notes.append(f"M={m} does not divide the fine grid F={f}: computed from the shards")
+    return rows, at_m, notes
+
+
+def _determination_notes(ordered, tables, tail_bounds) -> list[str]:
+    """What the tables do not determine (M above M_exact, an import's per-class tail);
+    the over/under split of an undetermined Full-ECE is nulled with it."""
+    notes = []
     for row in ordered:
-        row["exact"] = bool(is_exact(row["M"], tables.m_exact))
         if row["full_ece"] is None:
-            # over/under split Full-ECE: not determined either
             row["overconfidence"] = row["underconfidence"] = None
     inexact = [r["M"] for r in ordered if not r["exact"]]
     if inexact:
@@ -130,105 +178,84 @@ def metrics_for_run(
         )
         if any(not r.get("cw_ece_bounds_exact", True) for r in ordered):
             notes.append("cw-ECE upper bound: a proven bound, not the exact maximum")
-    scores = dict.fromkeys(_RUN_KEYS)
-    sums = None
-    if (positions or scan is not None) and is_run(run_dir):
-        from pipeline.analysis.positions import scan_run
+    return notes
 
+
+def _position_scores(run_dir, tables_dir, tables, ordered, scan, positions, quiet):
+    """(scores, the run's kept sums, notes): smooth and adaptive ECE from
+    every position (`positions` or a `scan`) or from the tables (adaptive ECE null
+    where a boundary cuts a fine bin), NLL, Brier and entropy from the kept sums."""
+    from pipeline.analysis.positions import scan_run, scores_of_sums
+    from pipeline.core.metrics import smooth_ece_at
+
+    if (positions or scan is not None) and is_run(run_dir):
         scan = scan if scan is not None else scan_run(run_dir, progress=not quiet)
         scores = scan.result()
         for row in ordered:
             row["adaptive_ece"] = scan.adaptive_ece(row["M"])
             row["adaptive_ece_bounds"] = [row["adaptive_ece"]] * 2
+        notes = ["smooth_ece and adaptive_ece: from every position's top-1 pair (relplot.smECE)"]
+        return scores, _run_sums(run_dir, tables_dir, quiet), notes
+    sums = _run_sums(run_dir, tables_dir, quiet)
+    scores = dict.fromkeys(_RUN_KEYS) if sums is None else scores_of_sums(sums)
+    scores["smooth_ece"] = smooth_ece_at(tables)
+    notes = [
+        f"smooth_ece: relplot's smECE on the top-1 fine grid (F={tables.fine_bins}: each "
+        "position at its fine bin's mean confidence); --positions reads every position instead"
+    ]
+    if any(row["adaptive_ece"] is None for row in ordered):
         notes.append(
-            "smooth_ece and adaptive_ece: from every position's top-1 pair (relplot.smECE)"
+            "adaptive_ece: null where an equal-count bin boundary cuts a fine bin; "
+            "adaptive_ece_bounds is its proven range (--positions: exact)"
         )
-    else:
-        from pipeline.core.metrics import adaptive_ece_bounds_at, smooth_ece_at
+    return scores, sums, notes
 
-        sums = _run_sums(run_dir, tables_dir, quiet)
-        if sums is not None:
-            from pipeline.analysis.positions import scores_of_sums
 
-            scores = scores_of_sums(sums)
-        scores["smooth_ece"] = smooth_ece_at(tables)
-        cut = False
-        for row in ordered:
-            lo, hi, exact = adaptive_ece_bounds_at(tables, row["M"])
-            row["adaptive_ece"] = lo if exact else None
-            row["adaptive_ece_bounds"] = [lo, hi]
-            cut = cut or not exact
+def _score_notes(scores) -> list[str]:
+    """Why Brier, entropy or NLL are intervals or null."""
+    notes = []
+    if scores["brier"] is None:
         notes.append(
-            f"smooth_ece: relplot's smECE on the top-1 fine grid (F={f}: each position at "
-            "its fine bin's mean confidence); --positions reads every position instead"
+            "brier: the run stores no Σp² per position (positions schema v1 or an "
+            "outside dump): brier_bounds from the kept entries and the tail"
         )
-        if cut:
-            notes.append(
-                "adaptive_ece: null where an equal-count bin boundary cuts a fine bin; "
-                "adaptive_ece_bounds is its proven range (--positions: exact)"
-            )
-    if sums is None:  # the scan path: Σ_i q_im² from the kept sums
-        sums = _run_sums(run_dir, tables_dir, quiet)
-    notes.extend(add_floors(ordered, tables, mass_sq_of(sums), tail_bounds is None, extra_tables))
-    if is_run(run_dir) or scores["nll"] is not None:
-        if scores["brier"] is None:
-            notes.append(
-                "brier: the run stores no Σp² per position (positions schema v1 or an "
-                "outside dump): brier_bounds from the kept entries and the tail"
-            )
-        if scores["entropy"] is None:
-            notes.append("entropy: not stored for every position: entropy_bounds from the tail")
-        if scores.get("label_prob_zero"):
-            notes.append(
-                f"nll, perplexity: null: {scores['label_prob_zero']} position(s) store the "
-                "label's probability as 0 (float32 underflow, or a dump that said 0), so the "
-                f"data do not determine NLL; it is at least {scores['nll_lower']:.6g} nats "
-                "(−ln p ≥ 150 ln 2 for each such position), +inf if the model gave 0"
-            )
-    result["bins"] = ordered
-    result["rsd"] = rsd_of_rows(ordered)
-    rsd_note = _rsd_note(result["rsd"])
-    if rsd_note:
-        notes.append(rsd_note)
-    result["bootstrap"] = None
-    if bootstrap_replicates:
-        from pipeline.core.bootstrap import bootstrap, rsd_intervals
+    if scores["entropy"] is None:
+        notes.append("entropy: not stored for every position: entropy_bounds from the tail")
+    if scores.get("label_prob_zero"):
+        notes.append(
+            f"nll, perplexity: null: {scores['label_prob_zero']} position(s) store the "
+            "label's probability as 0 (float32 underflow, or a dump that said 0), so the "
+            f"data do not determine NLL; it is at least {scores['nll_lower']:.6g} nats "
+            "(−ln p ≥ 150 ln 2 for each such position), +inf if the model gave 0"
+        )
+    return notes
 
-        boot = bootstrap(tables, coarse, bootstrap_replicates, seed=seed) if coarse else None
-        intervals = {r["M"]: r for r in (boot["intervals"] if boot else [])}
-        replicate_values = boot.pop("replicate_values") if boot else {}
-        for m, t_m in extra_tables.items():
-            b = bootstrap(t_m, [m], bootstrap_replicates, seed=seed)
+
+def _bootstrap(at_m, ordered, rsd, replicates: int, seed: int) -> dict:
+    """Bootstrap intervals of each M's figures and of the RSDs; each M resamples the
+    tables its row came from (the run's, or the shards' at F = M)."""
+    from pipeline.core.bootstrap import bootstrap, rsd_intervals
+
+    coarse = [r["M"] for r in ordered if r["source"] == "tables"]
+    tables = at_m[coarse[0]].tables if coarse else None
+    boot = bootstrap(tables, coarse, replicates, seed=seed) if coarse else None
+    intervals = {r["M"]: r for r in (boot["intervals"] if boot else [])}
+    replicate_values = boot.pop("replicate_values") if boot else {}
+    for row in ordered:
+        if row["source"] == "shards":
+            m = row["M"]
+            b = bootstrap(at_m[m].tables, [m], replicates, seed=seed)
             intervals[m] = b["intervals"][0]
             replicate_values.update(b.pop("replicate_values"))
             boot = boot or b
-        boot["intervals"] = [intervals[m] for m in bins]
-        boot["rsd"] = rsd_intervals(result["rsd"], replicate_values, boot["level"])
-        for iv, row in zip(boot["intervals"], ordered, strict=True):
-            if row["full_ece"] is None:  # resampling undetermined tables proves nothing
-                iv["full_ece"] = None
-                iv.pop("full_ece_point", None)
-                iv.pop("full_ece_bias", None)
-        result["bootstrap"] = boot
-    label = run_label(run_dir) if is_run(run_dir) else run_dir.resolve().name
-    if not coverage["complete"]:
-        notes.insert(0, f"partial run (complete: false): {describe_coverage(coverage)}")
-    return {
-        "schema_version": METRICS_JSON_VERSION,
-        "complete": bool(coverage["complete"]),
-        "run": {"label": label, "path": str(run_dir), "tables": str(tables_dir)},
-        "positions": result["positions"],
-        "vocab_size": result["vocab_size"],
-        "fine_bins": result["fine_bins"],
-        "m_exact": result["m_exact"],
-        "tail_max": float(result["tail_max"]),
-        **{key: scores[key] for key in _RUN_KEYS},
-        "bins": [dict(clean_row(r), **_extra_bin_keys(r), **floor_keys(r)) for r in ordered],
-        "rsd": result["rsd"],
-        "token_frequency": result["token_frequency"],
-        "bootstrap": result["bootstrap"],
-        "notes": notes,
-    }
+    boot["intervals"] = [intervals[r["M"]] for r in ordered]
+    boot["rsd"] = rsd_intervals(rsd, replicate_values, boot["level"])
+    for iv, row in zip(boot["intervals"], ordered, strict=True):
+        if row["full_ece"] is None:  # resampling undetermined tables proves nothing
+            iv["full_ece"] = None
+            iv.pop("full_ece_point", None)
+            iv.pop("full_ece_bias", None)
+    return boot
 
 
 def _run_sums(run_dir, tables_dir, quiet: bool) -> dict | None:
@@ -267,19 +294,18 @@ def floor_keys(row: dict) -> dict:
     return {k: (None if row.get(k) is None else float(row[k])) for k in FLOOR_KEYS}
 
 
-def add_floors(rows, tables, mass_sq, cw_known: bool, extra_tables=None) -> list[str]:
-    """Put each row's noise floors (pipeline.core.floors.floor_rows) in it; the
-    notes say where a floor is null and why."""
-    from pipeline.core.floors import floor_rows
+def add_floors(rows, at_m, mass_sq, cw_known: bool, fine_bins: int, from_shards=()) -> list[str]:
+    """Put each row's noise floors (pipeline.core.floors.floor_rows_at, from `at_m`:
+    {M: the tables at M}) in it; the notes say where a floor is null and why. The
+    kept Σ_i q_im² (`mass_sq`) belong to the run's tables, not to the shards' of the
+    M's `from_shards`."""
+    from pipeline.core.floors import floor_rows_at
 
-    extra_tables = extra_tables or {}
     no_full, no_cw = [], []
     for row in rows:
         m = row["M"]
-        t_m = extra_tables.get(m, tables)
-        row.update(
-            floor_rows(t_m, m, mass_sq if m not in extra_tables else None, cw_known=cw_known)
-        )
+        kept = mass_sq if m not in from_shards else None
+        row.update(floor_rows_at(at_m[m], kept, cw_known=cw_known))
         if row.get("full_ece_floor") is None:
             no_full.append(m)
         if row.get("cw_ece_floor") is None:
@@ -305,7 +331,7 @@ def add_floors(rows, tables, mass_sq, cw_known: bool, extra_tables=None) -> list
         else:
             why = (
                 "M > M_exact (Full-ECE not determined), or Σ_i q_im² is kept only for the "
-                f"paper's M's (5, 10, …, 500) dividing F={tables.fine_bins}"
+                f"paper's M's (5, 10, …, 500) dividing F={fine_bins}"
             )
         notes.append(f"full_ece_floor is null at M={','.join(map(str, no_full))}: {why}")
     return notes

@@ -14,6 +14,7 @@ Polars) that follows this formula puts the same value in the same bin.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,7 +38,11 @@ def fine_bin_index(probs, n_bins: int) -> np.ndarray:
     an int64 tensor (the in-loop metric, pipeline.torchmetrics); anything
     else gives a numpy int32 array.
     """
-    n_bins = check_n_bins(n_bins)
+    return _fine_bin_index(probs, check_n_bins(n_bins))
+
+
+def _fine_bin_index(probs, n_bins: int):
+    """:func:`fine_bin_index` with M checked already."""
     if is_torch_tensor(probs):
         import torch
 
@@ -53,7 +58,11 @@ def coarsen_bins(fine_bin, fine_bins: int, n_bins: int) -> np.ndarray:
     Fine bin f covers ((f-1)/F, f/F]; with r = F/M it lies inside coarse bin
     ceil(f / r), and ceil(ceil(p*F) / r) == ceil(p*M) for integer r.
     """
-    n_bins = check_n_bins(n_bins)
+    return _coarsen_bins(fine_bin, fine_bins, check_n_bins(n_bins))
+
+
+def _coarsen_bins(fine_bin, fine_bins: int, n_bins: int) -> np.ndarray:
+    """:func:`coarsen_bins` with M checked already."""
     if fine_bins % n_bins:
         raise ValueError(
             f"M={n_bins} does not divide the fine grid F={fine_bins}: "
@@ -96,3 +105,36 @@ def m_exact_from_tail_max(tail_max: float) -> int | None:
 
 def is_exact(n_bins: int, m_exact: int | None) -> bool:
     return m_exact is None or n_bins <= m_exact
+
+
+def tail_top_bin(tail_max: float, n_bins: int) -> int:
+    """Highest bin at M = n_bins a tail probability (<= tail_max) can fall in."""
+    return _tail_top_bin(tail_max, check_n_bins(n_bins))
+
+
+def _tail_top_bin(tail_max: float, n_bins: int) -> int:
+    if not tail_max > 0:
+        return 1
+    return int(_fine_bin_index(np.asarray([tail_max], np.float32), n_bins)[0])
+
+
+@dataclass(frozen=True)
+class CoarseGrid:
+    """M coarse bins over a fine grid of F, as every per-M figure needs them."""
+
+    n_bins: int  # M, checked
+    coarse_of_fine: np.ndarray  # [F] int32: 1-based coarse bin of fine bin 1..F
+    tail_top: int  # highest bin at M a tail probability (<= tail_max) can fall in
+    exact: bool  # M <= M_exact: every tail probability lies in bin 1
+
+
+def coarse_grid(fine_bins: int, n_bins: int, tail_max: float) -> CoarseGrid:
+    """The grid at M = n_bins (dividing F) of tables with fine grid F and largest tail
+    probability tail_max: M checked once here, the rest of the per-M walk reads it."""
+    n_bins = check_n_bins(n_bins)
+    return CoarseGrid(
+        n_bins=n_bins,
+        coarse_of_fine=_coarsen_bins(np.arange(1, fine_bins + 1), fine_bins, n_bins),
+        tail_top=_tail_top_bin(tail_max, n_bins),
+        exact=is_exact(n_bins, m_exact_from_tail_max(tail_max)),
+    )

@@ -40,6 +40,7 @@ __all__ = [
     "bin_mass_sq_of_rows",
     "floor_bins_of",
     "floor_rows",
+    "floor_rows_at",
     "noise_floors",
     "top1_cells",
     "consistency_quantiles",
@@ -163,9 +164,13 @@ def top1_cells(tables: BinTables, n_bins: int):
     """(Σconf, Σconf²) per top-1 bin at M = n_bins from top1_bins (Σconf² per fine
     bin from its proven interval, midpoint)."""
     f = tables.fine_bins
-    fine = np.arange(1, f + 1)
-    sq = _fine_sum_sq_mid(tables.top1_n, tables.top1_conf_sum, fine, f, 1.0 / f)
-    coarse = coarsen_bins(fine, f, n_bins) - 1
+    return _top1_cells(tables, coarsen_bins(np.arange(1, f + 1), f, n_bins), n_bins)
+
+
+def _top1_cells(tables: BinTables, coarse_of_fine, n_bins: int):
+    f = tables.fine_bins
+    sq = _fine_sum_sq_mid(tables.top1_n, tables.top1_conf_sum, np.arange(1, f + 1), f, 1.0 / f)
+    coarse = coarse_of_fine - 1
     conf = np.bincount(coarse, weights=tables.top1_conf_sum, minlength=n_bins)
     return conf, np.bincount(coarse, weights=sq, minlength=n_bins)
 
@@ -181,14 +186,16 @@ def cw_ece_floor_at(tables: BinTables, n_bins: int) -> tuple[float, float]:
     every class's pairs are in class_bins). Valid where the tail lies in bin 1
     (M <= M_exact) and the per-class tail is known."""
     cb = tables.class_bins
+    return _cw_ece_floor(tables, coarsen_bins(cb.bins, tables.fine_bins, n_bins), n_bins)
+
+
+def _cw_ece_floor(tables: BinTables, coarse_of_entry, n_bins: int) -> tuple[float, float]:
+    cb = tables.class_bins
     sq = _fine_sum_sq_mid(
         cb.values["n"], cb.values["p_sum"], cb.bins, tables.fine_bins, tables.tail_max
     )
     cells = SparseBins.from_parts(
-        cb.ids,
-        coarsen_bins(cb.bins, tables.fine_bins, n_bins),
-        {"p_sum": cb.values["p_sum"], "sum_sq": sq},
-        n_bins + 1,
+        cb.ids, coarse_of_entry, {"p_sum": cb.values["p_sum"], "sum_sq": sq}, n_bins + 1
     )
     return floor_of_cells(
         cells.values["p_sum"], cells.values["sum_sq"], tables.positions * tables.vocab_size
@@ -281,16 +288,24 @@ def floor_rows(tables: BinTables, n_bins: int, mass_sq=None, *, cw_known: bool =
     at M = n_bins (dividing F), None where the state does not allow it:
     cw-ECE above M_exact or with an unknown per-class tail (`cw_known` False),
     Full-ECE above M_exact or without Σ_i q_im² at this M (`mass_sq`: {M: [M]})."""
-    from pipeline.core.binning import is_exact
-    from pipeline.core.metrics import pooled_by_bin
+    from pipeline.core.metrics import tables_at
 
+    return floor_rows_at(tables_at(tables, n_bins), mass_sq, cw_known=cw_known)
+
+
+def floor_rows_at(at, mass_sq=None, *, cw_known: bool = True) -> dict:
+    """:func:`floor_rows` of the tables at one M (a ``pipeline.core.metrics.TablesAtM``:
+    its coarse bins and pooled sums, found once for every figure at that M)."""
+    tables, n_bins, exact = at.tables, at.grid.n_bins, at.grid.exact
     out = dict.fromkeys([f"{k}_floor{s}" for k in FLOOR_KEYS for s in ("", "_p95")])
-    out["ece_floor"], out["ece_floor_p95"] = ece_floor_at(tables, n_bins)
-    exact = is_exact(n_bins, tables.m_exact)
+    cells = _top1_cells(tables, at.grid.coarse_of_fine, n_bins)
+    out["ece_floor"], out["ece_floor_p95"] = floor_of_cells(*cells, tables.positions)
     if exact and cw_known:
-        out["cw_ece_floor"], out["cw_ece_floor_p95"] = cw_ece_floor_at(tables, n_bins)
+        out["cw_ece_floor"], out["cw_ece_floor_p95"] = _cw_ece_floor(
+            tables, at.coarse_of_entry, n_bins
+        )
     if exact and mass_sq is not None and n_bins in mass_sq:
-        _, p_sum, _ = pooled_by_bin(tables, n_bins)
+        _, p_sum, _ = at.pooled
         out["full_ece_floor"], out["full_ece_floor_p95"] = full_ece_floor_at(
             p_sum, mass_sq[n_bins], tables.positions
         )

@@ -12,17 +12,23 @@ The functional API (``ece``, ``classwise_ece``, ``full_ece``) takes
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cached_property
+
 import numpy as np
 
 from pipeline import PAPER_BINS
-from pipeline.core.binning import check_n_bins, coarsen_bins, is_exact
-from pipeline.core.tables import BinTables
+from pipeline.core.binning import CoarseGrid, check_n_bins, coarse_grid, tail_top_bin
+from pipeline.core.tables import BinTables, SparseBins
 
 __all__ = [
     "ece_formula",
     "classwise_ece_formula",
     "full_ece_formula",
     "rsd",
+    "TablesAtM",
+    "tables_at",
+    "metrics_row",
     "top1_by_bin",
     "pooled_by_bin",
     "metrics_at",
@@ -106,46 +112,78 @@ def _check_tables(tables: BinTables) -> None:
         raise ValueError("the tables hold no positions")
 
 
-def _coarse_of_fine(tables: BinTables, n_bins: int) -> np.ndarray:
-    """Coarse bin (1-based) of each fine bin 1..F."""
-    return coarsen_bins(np.arange(1, tables.fine_bins + 1), tables.fine_bins, n_bins)
+@dataclass(frozen=True)
+class TablesAtM:
+    """Bin tables seen at M = grid.n_bins: M checked and each fine bin's coarse bin
+    found once (:func:`pipeline.core.binning.coarse_grid`), the top-1 and pooled sums
+    per coarse bin summed once; every per-M figure reads them from here."""
+
+    tables: BinTables
+    grid: CoarseGrid
+    coarse_of_entry: np.ndarray  # [entries] 1-based coarse bin of each class_bins entry
+    top1: tuple  # (n, conf_sum, correct) per coarse bin
+    pooled: tuple  # (n, p_sum, hits) per coarse bin, summed over classes
+
+    @cached_property
+    def per_class(self) -> SparseBins:
+        """class_bins at M: (class, coarse bin) cells."""
+        cb = self.tables.class_bins
+        return SparseBins.from_parts(cb.ids, self.coarse_of_entry, cb.values, self.grid.n_bins + 1)
+
+
+def tables_at(tables: BinTables, n_bins: int) -> TablesAtM:
+    """The tables at M = n_bins (M must divide the fine grid)."""
+    grid = coarse_grid(tables.fine_bins, n_bins, tables.tail_max)
+    m, cb = grid.n_bins, tables.class_bins
+    top1_bin = grid.coarse_of_fine - 1
+    entry = grid.coarse_of_fine[np.asarray(cb.bins, np.int64) - 1]
+    pooled_bin = entry - 1
+    return TablesAtM(
+        tables=tables,
+        grid=grid,
+        coarse_of_entry=entry,
+        top1=tuple(
+            np.bincount(top1_bin, weights=w, minlength=m)
+            for w in (tables.top1_n, tables.top1_conf_sum, tables.top1_correct)
+        ),
+        pooled=tuple(
+            np.bincount(pooled_bin, weights=cb.values[key], minlength=m)
+            for key in ("n", "p_sum", "hits")
+        ),
+    )
 
 
 def top1_by_bin(tables: BinTables, n_bins: int):
-    coarse = _coarse_of_fine(tables, n_bins) - 1
-    n = np.bincount(coarse, weights=tables.top1_n, minlength=n_bins)
-    conf = np.bincount(coarse, weights=tables.top1_conf_sum, minlength=n_bins)
-    correct = np.bincount(coarse, weights=tables.top1_correct, minlength=n_bins)
-    return n, conf, correct
+    """Positions, summed top-1 confidence and correct top-1's per coarse bin."""
+    return tables_at(tables, n_bins).top1
 
 
 def pooled_by_bin(tables: BinTables, n_bins: int):
     """Pairs, summed probability and hits per coarse bin, pooled over classes."""
-    cb = tables.class_bins
-    coarse = coarsen_bins(cb.bins, tables.fine_bins, n_bins) - 1
-    n = np.bincount(coarse, weights=cb.values["n"], minlength=n_bins)
-    p_sum = np.bincount(coarse, weights=cb.values["p_sum"], minlength=n_bins)
-    hits = np.bincount(coarse, weights=cb.values["hits"], minlength=n_bins)
-    return n, p_sum, hits
+    return tables_at(tables, n_bins).pooled
 
 
 def metrics_at(tables: BinTables, n_bins: int) -> dict:
     """ECE, cw-ECE and Full-ECE at M = n_bins (M must divide the fine grid), and the
     L2 figures and ECE's over/under split (:func:`l2_at`)."""
     _check_tables(tables)
-    n_bins = check_n_bins(n_bins)
-    _, conf, correct = top1_by_bin(tables, n_bins)
-    _, p_sum, hits = pooled_by_bin(tables, n_bins)
-    per_class = tables.class_bins.coarsen(tables.fine_bins, n_bins)
+    return _metrics_of(tables_at(tables, n_bins))
+
+
+def _metrics_of(at: TablesAtM) -> dict:
+    tables = at.tables
+    _, conf, correct = at.top1
+    _, p_sum, hits = at.pooled
+    per_class = at.per_class
     return {
-        "M": n_bins,
+        "M": at.grid.n_bins,
         "ece": float(ece_formula(correct, conf, tables.positions)),
         "cw_ece": classwise_ece_formula(
             per_class.values["hits"], per_class.values["p_sum"], tables.positions, tables.vocab_size
         ),
         "full_ece": float(full_ece_formula(hits, p_sum, tables.positions)),
-        "exact": is_exact(n_bins, tables.m_exact),
-        **l2_at(tables, n_bins),
+        "exact": at.grid.exact,
+        **_l2_of(at),
     }
 
 
@@ -178,8 +216,13 @@ def determined_row(tables: BinTables, n_bins: int, tail_bounds=None) -> dict:
     interval collapses (ECE always; cw-ECE and Full-ECE at M <= M_exact with a
     known per-class tail; Full-ECE at M <= M_exact of an import), else null.
     """
-    row = metrics_at(tables, n_bins)
-    bounds = bin_metric_bounds(tables, n_bins, tail_bounds)
+    _check_tables(tables)
+    return _determined_row_of(tables_at(tables, n_bins), tail_bounds)
+
+
+def _determined_row_of(at: TablesAtM, tail_bounds=None) -> dict:
+    row = _metrics_of(at)
+    bounds = _bin_metric_bounds_of(at, tail_bounds)
     for key in BOUNDED:
         lo, hi = bounds[key]
         if lo == hi:  # determined: keep the plain formula's value (same sums)
@@ -189,8 +232,28 @@ def determined_row(tables: BinTables, n_bins: int, tail_bounds=None) -> dict:
             row[f"{key}_bounds"] = [lo, hi]
     row["cw_ece_bounds_exact"] = bounds["cw_ece_hi_exact"]
     row["full_ece_bounds_exact"] = bounds["full_ece_hi_exact"]
-    row.update(l2_row(tables, n_bins, tail_bounds))
+    row.update(_l2_row_of(at, tail_bounds))
     return row
+
+
+def metrics_row(
+    tables: BinTables, n_bins: int, tail_bounds=None, *, top1_grid: BinTables | None = None
+) -> tuple[dict, TablesAtM]:
+    """One M of `fullece metrics` from the tables, and the tables at M (the floors
+    read them): :func:`determined_row`, the direction keys of :func:`direction_at`
+    and adaptive ECE (null where a boundary cuts a fine bin) with its proven range
+    (:func:`adaptive_ece_bounds_at`) on the top-1 fine grid of `top1_grid` (default:
+    these tables; a finer grid of the same positions bounds it tighter). The one
+    entry per M: M is checked and coarsened once."""
+    _check_tables(tables)
+    at = tables_at(tables, n_bins)
+    row = _determined_row_of(at, tail_bounds)
+    row.update(_direction_of(at))
+    t = tables if top1_grid is None else top1_grid
+    lo, hi, exact = _adaptive_ece_bounds(t.top1_n, t.top1_conf_sum, t.top1_correct, at.grid.n_bins)
+    row["adaptive_ece"] = lo if exact else None
+    row["adaptive_ece_bounds"] = [lo, hi]
+    return row, at
 
 
 def rsd_of_rows(rows) -> dict | None:
@@ -213,8 +276,8 @@ def compute_metrics(tables: BinTables, bins=PAPER_BINS, tail_bounds=None) -> dic
 
     ``tail_bounds``: (tail_mass[K], tail_cap[K]) of tables whose per-class tail
     is unknown (an import), else None (see :func:`bin_metric_bounds`)."""
-    bins = [check_n_bins(m) for m in bins]
-    rows = [determined_row(tables, m, tail_bounds) for m in bins]
+    _check_tables(tables)
+    rows = [_determined_row_of(tables_at(tables, m), tail_bounds) for m in bins]
     result = {
         "positions": tables.positions,
         "vocab_size": tables.vocab_size,
@@ -247,8 +310,9 @@ def reliability(tables: BinTables, n_bins: int = 10) -> dict:
                 "gap_mass": (hits - p_sum) / tables.positions,
             }
 
-    n1, conf, correct = top1_by_bin(tables, n_bins)
-    nf, p_sum, hits = pooled_by_bin(tables, n_bins)
+    at = tables_at(tables, n_bins)
+    n1, conf, correct = at.top1
+    nf, p_sum, hits = at.pooled
     return {
         "n_bins": n_bins,
         "edges": edges,
@@ -395,9 +459,8 @@ def classwise_ece_bounds(
     Returns (lo, hi, hi_exact).
     """
     _check_tables(tables)
-    n_bins = check_n_bins(n_bins)
     k = tables.vocab_size
-    per_class = tables.class_bins.coarsen(tables.fine_bins, n_bins)
+    per_class = tables_at(tables, n_bins).per_class
     hits = np.asarray(per_class.values["hits"], dtype=np.float64)
     p_sum = np.asarray(per_class.values["p_sum"], dtype=np.float64)
     first = per_class.bins == 1
@@ -409,15 +472,6 @@ def classwise_ece_bounds(
     lo, hi, hi_exact = tail_split_range(gap, float(tail_mass.sum()), tail_cap)
     scale = 1.0 / (tables.positions * k)
     return (other + lo) * scale, (other + hi) * scale, hi_exact
-
-
-def tail_top_bin(tail_max: float, n_bins: int) -> int:
-    """Highest bin at M = n_bins a tail probability (<= tail_max) can fall in."""
-    from pipeline.core.binning import fine_bin_index
-
-    if not tail_max > 0:
-        return 1
-    return int(fine_bin_index(np.asarray([tail_max], np.float32), n_bins)[0])
 
 
 def bin_metric_bounds(tables: BinTables, n_bins: int, tail_bounds=None) -> dict:
@@ -459,10 +513,13 @@ def bin_metric_bounds(tables: BinTables, n_bins: int, tail_bounds=None) -> dict:
     16 bins) is ``tail_split_range(g[:B], T, T)``. Both collapse at B = 1.
     """
     _check_tables(tables)
-    n_bins = check_n_bins(n_bins)
+    return _bin_metric_bounds_of(tables_at(tables, n_bins), tail_bounds)
+
+
+def _bin_metric_bounds_of(at: TablesAtM, tail_bounds=None) -> dict:
+    tables, n_bins, top = at.tables, at.grid.n_bins, at.grid.tail_top
     k, n = tables.vocab_size, tables.positions
-    top = tail_top_bin(tables.tail_max, n_bins)
-    _, conf, correct = top1_by_bin(tables, n_bins)
+    _, conf, correct = at.top1
     ece_value = float(ece_formula(correct, conf, n))
     cb = tables.class_bins
     first_fine = cb.bins == 1
@@ -475,7 +532,7 @@ def bin_metric_bounds(tables: BinTables, n_bins: int, tail_bounds=None) -> dict:
         floating = np.asarray(tail_bounds[0], dtype=np.float64)
         cap = np.asarray(tail_bounds[1], dtype=np.float64)
     total = float(floating.sum())
-    per_class = cb.coarsen(tables.fine_bins, n_bins)
+    per_class = at.per_class
     gap = np.asarray(per_class.values["hits"], np.float64) - per_class.values["p_sum"]
     first = per_class.bins == 1
     gap[first] += floating[per_class.ids[first]]
@@ -483,7 +540,7 @@ def bin_metric_bounds(tables: BinTables, n_bins: int, tail_bounds=None) -> dict:
     fixed_cw = float(np.abs(gap[~low]).sum())
     pooled = np.bincount(per_class.bins - 1, weights=gap, minlength=n_bins)
     if top == 1:  # every tail pair is in bin 1: the stored table is the truth
-        _, p_sum, hits = pooled_by_bin(tables, n_bins)
+        _, p_sum, hits = at.pooled
         full_lo = full_hi = float(full_ece_formula(hits, p_sum, 1))
         fixed_full, full_hi_exact = 0.0, True
     else:
@@ -546,10 +603,13 @@ def mce_formula(n_by_bin, conf_sum_by_bin, correct_by_bin) -> float:
 def direction_at(tables: BinTables, n_bins: int) -> dict:
     """overconfidence, underconfidence (pooled) and mce (top-1) at M = n_bins."""
     _check_tables(tables)
-    n_bins = check_n_bins(n_bins)
-    n1, conf, correct = top1_by_bin(tables, n_bins)
-    _, p_sum, hits = pooled_by_bin(tables, n_bins)
-    over, under = direction_formula(hits, p_sum, tables.positions)
+    return _direction_of(tables_at(tables, n_bins))
+
+
+def _direction_of(at: TablesAtM) -> dict:
+    n1, conf, correct = at.top1
+    _, p_sum, hits = at.pooled
+    over, under = direction_formula(hits, p_sum, at.tables.positions)
     return {
         "overconfidence": over,
         "underconfidence": under,
@@ -697,7 +757,11 @@ def adaptive_ece_bounds_formula(
     Both are proven, not tight. When no boundary cuts a fine bin, lo = hi is
     the exact value (``exact``). Bounds in exact arithmetic, widened by a
     relative 1e-12 for the float64 sums."""
-    n_bins = check_n_bins(n_bins)
+    return _adaptive_ece_bounds(n_by_bin, conf_sum_by_bin, correct_by_bin, check_n_bins(n_bins))
+
+
+def _adaptive_ece_bounds(n_by_bin, conf_sum_by_bin, correct_by_bin, n_bins: int):
+    """:func:`adaptive_ece_bounds_formula` with M checked already."""
     n_f = np.asarray(n_by_bin, np.int64)
     fine = n_f.size
     total = int(n_f.sum())
@@ -908,9 +972,13 @@ def l2_at(tables: BinTables, n_bins: int) -> dict:
     tables as they are (above M_exact :func:`full_ece_l2_bounds` says what they
     determine)."""
     _check_tables(tables)
-    n_bins = check_n_bins(n_bins)
-    n1, conf, correct = top1_by_bin(tables, n_bins)
-    nf, p_sum, hits = pooled_by_bin(tables, n_bins)
+    return _l2_of(tables_at(tables, n_bins))
+
+
+def _l2_of(at: TablesAtM) -> dict:
+    tables = at.tables
+    n1, conf, correct = at.top1
+    nf, p_sum, hits = at.pooled
     over, under = direction_formula(correct, conf, tables.positions)
     return {
         "ece_l2": l2_formula(n1, conf, correct, tables.positions),
@@ -971,10 +1039,13 @@ def full_ece_l2_bounds(tables: BinTables, n_bins: int, tail_bounds=None) -> dict
       drop out (its plain term, at most max(H_b, b/M)², and its R_b).
     """
     _check_tables(tables)
-    n_bins = check_n_bins(n_bins)
+    return _full_ece_l2_bounds_of(tables_at(tables, n_bins), tail_bounds)
+
+
+def _full_ece_l2_bounds_of(at: TablesAtM, tail_bounds=None) -> dict:
+    tables, n_bins, top = at.tables, at.grid.n_bins, at.grid.tail_top
     n_pos = tables.positions
-    n, p_sum, hits = pooled_by_bin(tables, n_bins)
-    top = tail_top_bin(tables.tail_max, n_bins)
+    n, p_sum, hits = at.pooled
     if top == 1:
         plain = l2_formula(n, p_sum, hits, n_pos)
         debiased = l2_formula(n, p_sum, hits, n_pos, debiased=True)
@@ -1042,8 +1113,13 @@ def l2_row(tables: BinTables, n_bins: int, tail_bounds=None) -> dict:
     """The keys of :func:`l2_at` with no point value the tables do not determine:
     the top-1 figures are always exact; full_ece_l2(_debiased) is a number only
     where its interval (``<key>_bounds``, :func:`full_ece_l2_bounds`) collapses."""
-    row = l2_at(tables, n_bins)
-    bounds = full_ece_l2_bounds(tables, n_bins, tail_bounds)
+    _check_tables(tables)
+    return _l2_row_of(tables_at(tables, n_bins), tail_bounds)
+
+
+def _l2_row_of(at: TablesAtM, tail_bounds=None) -> dict:
+    row = _l2_of(at)
+    bounds = _full_ece_l2_bounds_of(at, tail_bounds)
     for key in FULL_L2_KEYS:
         lo, hi = bounds[key]
         if lo == hi:
