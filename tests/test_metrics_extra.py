@@ -542,3 +542,33 @@ def test_tiny_model_runs_full_and_topk(tmp_path, tiny_gpt2):
         )
     else:
         assert on_run["best_nll_temperature"] is None is scan["best_nll_temperature"]
+
+
+def test_nll_of_label_probabilities_with_a_zero():
+    """One NLL rule (pipeline.core.metrics.nll_sum / mean_nll), from its definition:
+    −ln p summed over the labels stored above 0; a stored 0 leaves NLL null, with
+    the lower bound −ln p >= 150 ln 2 for each such position."""
+    from pipeline.core.metrics import mean_nll, nll, nll_sum
+
+    p = np.array([0.5, 0.0, 1e-45, 1.0], np.float32)  # 1e-45: a float32 subnormal
+    total, zero = nll_sum(p)
+    expected = math.log(2) - math.log(float(np.float32(1e-45)))
+    assert zero == 1 and total == pytest.approx(expected, rel=1e-15)
+    value, lower = mean_nll(total, zero, 4)
+    assert value is None and lower == pytest.approx((expected + 150 * math.log(2)) / 4)
+    assert mean_nll(*nll_sum(p[[0, 2, 3]]), 3) == (pytest.approx(expected / 3),) * 2
+    probs = np.array([[0.5, 0.5, 0.0], [0.25, 0.25, 0.5]], np.float32)
+    assert nll(probs, [1, 2]) == pytest.approx(math.log(2))
+    assert nll(probs, [2, 2]) == math.inf  # a label given nothing
+
+
+def test_rsd_along_an_axis_is_the_rsd_of_each_row():
+    from pipeline.core.metrics import rsd
+
+    values = np.array([[1.0, 2.0, 4.0], [3.0, 3.0, 3.0], [-1.0, 0.0, 1.0]])
+    rows = rsd(values, axis=1)
+    for row, got in zip(values, rows, strict=True):
+        mean = row.mean()
+        want = math.sqrt(((row - mean) ** 2).sum() / 2) / mean * 100 if mean else math.nan
+        assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want, rel=1e-14)
+        assert (math.isnan(got) and math.isnan(rsd(row))) or rsd(row) == got

@@ -28,6 +28,8 @@ from pipeline.core.arrow_numpy import column_numpy
 from pipeline.core.metrics import (
     _neg_xlogx,
     adaptive_ece_formula,
+    mean_nll,
+    nll_sum,
     smooth_ece_formula,
     tail_entropy_bounds,
     tail_sum_sq_bounds,
@@ -82,9 +84,9 @@ class PositionScan:
         if dense is None and "kept_probs" not in col and _needs_kept(col):
             raise _NeedsKept  # before any sum moved: the caller reads kept_probs too
         label_p = column_numpy(col["label_prob"]).astype(np.float64)
-        zero = label_p == 0.0  # -ln 0 would make the sum (and JSON's null) say nothing
-        self.label_prob_zero += int(zero.sum())
-        self.nll += float(-np.log(label_p[~zero]).sum())
+        total, zero = nll_sum(label_p)
+        self.nll += total  # over the labels stored > 0: -ln 0 would make the sum say nothing
+        self.label_prob_zero += zero
         if self.keep_pairs:
             self.conf.append(np.asarray(column_numpy(col["top1_prob"]), np.float32))
             self.correct.append(column_numpy(col["top1_id"]) == column_numpy(col["label"]))
@@ -181,19 +183,13 @@ class PositionScan:
         return adaptive_ece_formula(conf, hit, n_bins)
 
 
-NLL_OF_FLOAT32_ZERO = 150 * math.log(2)  # -ln of the largest p that float32 rounds to 0
-
-
 def scores_of_sums(sums: dict) -> dict:
     """nll, perplexity, brier and entropy (with intervals) from :meth:`PositionScan.sums`."""
     n = sums["positions"]
     if n == 0:
         raise ValueError("no positions to score")
-    # A label probability stored as 0 leaves NLL undetermined: float32 underflow
-    # (p <= 2^-150, so -ln p >= 150 ln 2) or a model that gave the label nothing (+inf).
     zero = sums["label_prob_zero"]
-    nll_lower = (sums["nll_sum"] + zero * NLL_OF_FLOAT32_ZERO) / n
-    nll = None if zero else sums["nll_sum"] / n
+    nll, nll_lower = mean_nll(sums["nll_sum"], zero, n)
     brier = [sums["brier_sum"][0] / n, sums["brier_sum"][1] / n]
     entropy = [sums["entropy_sum"][0] / n, sums["entropy_sum"][1] / n]
     return {

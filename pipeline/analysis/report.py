@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import PAPER_BINS
+from pipeline.core.binning import is_exact
 from pipeline.core.registry import PAPER_METRICS
 from pipeline.progress import notice
 
@@ -155,7 +156,6 @@ def _consistency_cells(run_dir, tables_dir, tables, n_bins: int, quiet: bool) ->
     the midpoint of its proven interval); the full diagram from Σ_i q_im² kept
     with the run's sums, else None and `full_missing` says why."""
     from pipeline.analysis.metrics import _run_sums, mass_sq_of
-    from pipeline.core.binning import is_exact
     from pipeline.core.floors import top1_cells
     from pipeline.core.metrics import pooled_by_bin
 
@@ -273,7 +273,7 @@ def prepare_reliability(runs: list[dict], kind: str) -> dict:
                 "bounds": None if row is None else row.get(m.bounds_key),
                 "limit": limit,
                 "inset": _bin1_inset(count, mean, freq, limit),
-                "determined": kind == "top1" or m_exact is None or n_bins <= m_exact,
+                "determined": kind == "top1" or is_exact(n_bins, m_exact),
                 "band": band,
                 "band_missing": None
                 if band is not None

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.core.binning import coarsen_bins
-from pipeline.core.metrics import ece_formula, full_ece_formula
+from pipeline.core.metrics import ece_formula, full_ece_formula, rsd
 
 _CELLS = 4_000_000  # floats per temporary block
 
@@ -113,32 +113,30 @@ def _centred_interval(point: float, replicates, level: float) -> list[float]:
     return [point + float(np.quantile(dev, alpha)), point + float(np.quantile(dev, 1 - alpha))]
 
 
-def rsd_intervals(rsd: dict | None, replicate_values: dict, level: float) -> dict | None:
+def rsd_intervals(point: dict | None, replicate_values: dict, level: float) -> dict | None:
     """Bootstrap intervals of the RSD over M of ECE and Full-ECE.
 
-    ``rsd``: the point RSDs (:func:`pipeline.core.metrics.rsd_of_rows`), whose
+    ``point``: the point RSDs (:func:`pipeline.core.metrics.rsd_of_rows`), whose
     ``<key>_bins`` name the M's each covers; ``replicate_values[M][key]``: the
     replicates of :func:`bootstrap`, replicate r being the same resample of
     sequences at every M. Each replicate's RSD over those M's gives the interval
     (same method as the per-M intervals, the lower end clipped at 0, where the
     centred percentiles can fall below it). cw-ECE has none: ``seq_bins`` pools
     the classes. None without an RSD."""
-    if not rsd:
+    if not point:
         return None
     out = {"cw_ece": None}
     for key in ("ece", "full_ece"):
-        used = [m for m in rsd.get(f"{key}_bins", []) if m in replicate_values]
-        if rsd.get(key) is None or len(used) < 2 or len(used) != len(rsd[f"{key}_bins"]):
+        used = [m for m in point.get(f"{key}_bins", []) if m in replicate_values]
+        if point.get(key) is None or len(used) < 2 or len(used) != len(point[f"{key}_bins"]):
             out[key] = None
             continue
         values = np.stack([replicate_values[m][key] for m in used], axis=1)  # [B, M's]
-        mean = values.mean(axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            reps = values.std(axis=1, ddof=1) / mean * 100.0
+        reps = rsd(values, axis=1)
         reps = reps[np.isfinite(reps)]
         if reps.size < 2:
             out[key] = None
             continue
-        lo, hi = _centred_interval(rsd[key], reps, level)
+        lo, hi = _centred_interval(point[key], reps, level)
         out[key] = [max(lo, 0.0), hi]  # an RSD is never negative
     return out

@@ -12,6 +12,7 @@ The functional API (``ece``, ``classwise_ece``, ``full_ece``) takes
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -61,6 +62,9 @@ __all__ = [
     "adaptive_ece",
     "smooth_ece",
     "nll",
+    "nll_sum",
+    "mean_nll",
+    "NLL_OF_FLOAT32_ZERO",
     "brier",
     "entropy",
     "temperature_scan",
@@ -95,13 +99,17 @@ def full_ece_formula(hits_by_bin, p_sum_by_bin, positions):
     return np.abs(np.asarray(hits_by_bin) - p_sum_by_bin).sum(axis=-1) / positions
 
 
-def rsd(values) -> float:
-    """Relative standard deviation in percent: sample std (n-1) / mean * 100."""
+def rsd(values, axis=None):
+    """Relative standard deviation in percent: sample std (n-1) / mean * 100 of all
+    `values` (a float), or along `axis` (an array: one RSD per row of bootstrap
+    replicates, say); NaN where the mean is 0."""
     values = np.asarray(values, dtype=np.float64)
-    if values.size < 2:
+    if (values.size if axis is None else values.shape[axis]) < 2:
         raise ValueError("RSD needs at least two values")
-    mean = values.mean()
-    return float(values.std(ddof=1) / mean * 100.0) if mean != 0 else float("nan")
+    mean = values.mean(axis=axis)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(mean != 0, values.std(axis=axis, ddof=1) / mean * 100.0, np.nan)
+    return float(out) if axis is None else out
 
 
 # ---- from tables --------------------------------------------------------------
@@ -901,10 +909,33 @@ def position_scores(probs, labels) -> dict:
     }
 
 
+# −ln of the largest p that float32 rounds to 0 (2^-150)
+NLL_OF_FLOAT32_ZERO = 150 * math.log(2)
+
+
+def nll_sum(label_probs) -> tuple[float, int]:
+    """(Σ −ln p over the labels' probabilities of record above 0, how many are 0).
+
+    A label probability stored as 0 leaves NLL undetermined: float32 underflow
+    (p <= 2^-150, so −ln p >= 150 ln 2) or a model that gave the label nothing
+    (+inf); :func:`mean_nll` says what the sums determine."""
+    p = np.asarray(label_probs).astype(np.float64)
+    zero = p == 0.0
+    return float(-np.log(p[~zero]).sum()), int(zero.sum())
+
+
+def mean_nll(total: float, zero: int, n: int) -> tuple[float | None, float]:
+    """(mean NLL of `n` positions, None when `zero` of them store the label's
+    probability as 0; its proven lower bound) from :func:`nll_sum`."""
+    return (None if zero else total / n), (total + zero * NLL_OF_FLOAT32_ZERO) / n
+
+
 def nll(probs, labels) -> float:
-    """Mean −ln p(label) (float64 arithmetic on the probability of record)."""
+    """Mean −ln p(label) (float64 arithmetic on the probability of record); +inf
+    where a label's probability of record is 0 (:func:`nll_sum`)."""
     s = position_scores(probs, labels)
-    return float(-np.log(s["label_prob"].astype(np.float64)).mean())
+    value, _ = mean_nll(*nll_sum(s["label_prob"]), s["label_prob"].size)
+    return math.inf if value is None else value
 
 
 def brier(probs, labels) -> float:

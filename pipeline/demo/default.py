@@ -274,22 +274,22 @@ def _training_info(run_dir: Path) -> dict:
 
 def position_stats(run_dir) -> dict:
     """From the positions shards: mean negative log-likelihood of the labels
-    (nats/token) and the largest top-1 probability of the run."""
-    import numpy as np
-
+    (nats/token; null where a label's probability is stored as 0, which leaves it
+    undetermined: pipeline.core.metrics.nll_sum) and the largest top-1 probability
+    of the run."""
+    from pipeline.core.metrics import mean_nll, nll_sum
     from pipeline.store.run import open_verified_run, read_positions
 
-    total, n, top = 0.0, 0, 0.0
+    total, zero, n, top = 0.0, 0, 0, 0.0
     for shard in open_verified_run(run_dir).shards:
         if not shard.rows:
             continue
         table = read_positions(shard, ["label_prob", "top1_prob"])  # verified
-        p = table.column("label_prob").to_numpy().astype(np.float64)
-        total += float(-np.log(np.maximum(p, np.finfo(np.float32).tiny)).sum())
-        n += p.size
-        if p.size:
+        shard_total, shard_zero = nll_sum(table.column("label_prob").to_numpy())
+        total, zero, n = total + shard_total, zero + shard_zero, n + table.num_rows
+        if table.num_rows:
             top = max(top, float(table.column("top1_prob").to_numpy().max()))
-    return {"test_loss": total / n if n else None, "max_prob": top if n else None}
+    return {"test_loss": mean_nll(total, zero, n)[0] if n else None, "max_prob": top if n else None}
 
 
 def saturated(row: dict, m: int) -> bool:
