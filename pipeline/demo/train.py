@@ -304,24 +304,8 @@ def train_model(
     )
     ckpts = checkpoint_steps(steps, checkpoints, first_checkpoint)
     plan = _plan(corpus_path, settings, steps, ckpts, text_field)
-
-    plan_path = out_dir / PLAN_FILE
-    if plan_path.exists():
-        old = json.loads(plan_path.read_text())
-        if _plan_key(old) != _plan_key(plan):
-            if not force:
-                raise TrainingError(
-                    f"{out_dir} holds a model trained with another corpus or settings "
-                    f"(see {plan_path}); remove it, choose another --out, or pass --force"
-                )
-            _clear(out_dir)
-        elif not force:
-            done = {int(p.name[len(CKPT_PREFIX) :]) for p in list_checkpoints(out_dir)}
-            if all(s in done for s in ckpts):
-                log(f"train: all {len(ckpts)} checkpoints present in {out_dir}, skipped")
-                return [ckpt_dir(out_dir, s) for s in ckpts]
-        else:
-            _clear(out_dir)
+    if _all_checkpoints_present(out_dir, plan, ckpts, force, log):
+        return [ckpt_dir(out_dir, s) for s in ckpts]
     out_dir.mkdir(parents=True, exist_ok=True)
 
     import torch
@@ -335,13 +319,67 @@ def train_model(
 
     hf_logging.disable_progress_bar()
 
+    tokenizer, stream = _tokenize(corpus_path, out_dir, plan, settings, steps, text_field, log)
+    model, optimizer = _make_model(tokenizer, settings, torch)
+    start, loss_ema = 0, None
+    existing = [p for p in list_checkpoints(out_dir) if int(p.name[len(CKPT_PREFIX) :]) in ckpts]
+    if existing and (existing[-1] / STATE_FILE).exists():
+        start, loss_ema = _resume(existing[-1], model, optimizer, torch)
+        log(f"train: resuming from {existing[-1].name} (step {start})")
+
+    tokens_done, elapsed = _train_steps(
+        model, optimizer, stream, settings, range(start, steps), ckpts, out_dir, loss_ema, progress
+    )
+    if steps > start:
+        plan["train_seconds"] = round(elapsed, 2)
+        plan["tokens_per_second"] = round(tokens_done / max(elapsed, 1e-9), 1)
+        plan["threads"] = threads
+        write_json(out_dir / PLAN_FILE, plan)
+        log(
+            f"train: {steps - start} steps in {elapsed:.1f}s "
+            f"({tokens_done / max(elapsed, 1e-9) / 1e3:.1f}k tokens/s on {threads} threads)"
+        )
+    return [ckpt_dir(out_dir, s) for s in ckpts]
+
+
+def _all_checkpoints_present(out_dir: Path, plan: dict, ckpts, force: bool, log) -> bool:
+    """True when `out_dir` holds every checkpoint of this plan already (nothing to
+    train). A directory trained with another corpus or settings is refused unless
+    `force`, which clears it (as it clears one of the same plan)."""
+    plan_path = out_dir / PLAN_FILE
+    if not plan_path.exists():
+        return False
+    old = json.loads(plan_path.read_text())
+    if _plan_key(old) != _plan_key(plan):
+        if not force:
+            raise TrainingError(
+                f"{out_dir} holds a model trained with another corpus or settings "
+                f"(see {plan_path}); remove it, choose another --out, or pass --force"
+            )
+        _clear(out_dir)
+    elif not force:
+        done = {int(p.name[len(CKPT_PREFIX) :]) for p in list_checkpoints(out_dir)}
+        if all(s in done for s in ckpts):
+            log(f"train: all {len(ckpts)} checkpoints present in {out_dir}, skipped")
+            return True
+    else:
+        _clear(out_dir)
+    return False
+
+
+def _tokenize(corpus_path: Path, out_dir: Path, plan: dict, settings: dict, steps, text_field, log):
+    """(tokenizer, token stream) of the corpus: the tokenizer kept in `out_dir` when
+    its plan is there, else trained and saved. Refuses more steps than one pass
+    holds (`single_pass`); writes the plan with the corpus's size."""
+    plan_path = out_dir / PLAN_FILE
+    context, batch_size = settings["context"], settings["batch_size"]
     t_start = time.perf_counter()
     docs = read_texts(corpus_path, text_field)
     tok_dir = out_dir / TOKENIZER_DIR
     if (tok_dir / "tokenizer.json").exists() and plan_path.exists():
         tokenizer = load_tokenizer(tok_dir)
     else:
-        tokenizer = train_tokenizer(docs, vocab_size, context)
+        tokenizer = train_tokenizer(docs, settings["vocab_size"], context)
         with atomic_path(tok_dir) as tmp:
             tokenizer.save_pretrained(str(tmp))
     t_tok = time.perf_counter() - t_start
@@ -352,7 +390,7 @@ def train_model(
     fit = blocks_per_epoch(stream.size, context) // batch_size
     plan["tokens_seen"] = tokens_seen
     plan["epochs"] = round(tokens_seen / stream.size, 4)
-    if single_pass and steps > fit:
+    if settings["single_pass"] and steps > fit:
         raise TrainingError(
             f"single pass: {corpus_path.name} has {stream.size:,} tokens, "
             f"{blocks_per_epoch(stream.size, context):,} blocks of {context}; at most {fit} "
@@ -363,30 +401,30 @@ def train_model(
     log(
         f"train: {len(docs)} documents, {stream.size} tokens (tokenizer {len(tokenizer)} "
         f"entries, {t_tok:.1f}s); {steps} steps x {batch_size} x {context} = "
-        f"{steps * batch_size * context / 1e6:.2f}M tokens "
-        f"({steps * batch_size * context / stream.size:.1f} epochs); checkpoints at {ckpts}"
+        f"{tokens_seen / 1e6:.2f}M tokens "
+        f"({tokens_seen / stream.size:.1f} epochs); checkpoints at {plan['checkpoint_steps']}"
     )
+    return tokenizer, stream
 
-    model, optimizer = _make_model(tokenizer, settings, torch)
-    start = 0
-    existing = [p for p in list_checkpoints(out_dir) if int(p.name[len(CKPT_PREFIX) :]) in ckpts]
-    if existing and (existing[-1] / STATE_FILE).exists():
-        start, loss_ema = _resume(existing[-1], model, optimizer, torch)
-        log(f"train: resuming from {existing[-1].name} (step {start})")
-    else:
-        loss_ema = None
 
+def _train_steps(model, optimizer, stream, settings, steps, ckpts, out_dir, loss_ema, progress):
+    """Run the optimizer over `steps` (a range ending at the last step), saving each
+    checkpoint step in `ckpts`; returns (tokens trained on, seconds)."""
+    import torch
+
+    context, batch_size, seed = settings["context"], settings["batch_size"], settings["seed"]
+    total = steps.stop
     data = torch.from_numpy(stream.astype(np.int64))
     model.train()
-    bar = _progress(steps, start, progress)
+    bar = _progress(total, steps.start, progress)
     t0 = time.perf_counter()
     tokens_done = 0
-    for step in range(start, steps):
+    for step in steps:
         starts = batch_blocks(stream.size, context, batch_size, step, seed)
         idx = torch.from_numpy(starts)[:, None] + torch.arange(context)[None, :]
         batch = data[idx]
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step + 1, steps, lr, warmup)
+            group["lr"] = lr_at(step + 1, total, settings["lr"], settings["warmup"])
         loss = model(input_ids=batch, labels=batch).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -421,17 +459,7 @@ def train_model(
             )
     if bar is not None:
         bar.close()
-    elapsed = time.perf_counter() - t0
-    if steps > start:
-        plan["train_seconds"] = round(elapsed, 2)
-        plan["tokens_per_second"] = round(tokens_done / max(elapsed, 1e-9), 1)
-        plan["threads"] = threads
-        write_json(plan_path, plan)
-        log(
-            f"train: {steps - start} steps in {elapsed:.1f}s "
-            f"({tokens_done / max(elapsed, 1e-9) / 1e3:.1f}k tokens/s on {threads} threads)"
-        )
-    return [ckpt_dir(out_dir, s) for s in ckpts]
+    return tokens_done, time.perf_counter() - t0
 
 
 def _make_model(tokenizer, settings: dict, torch):
