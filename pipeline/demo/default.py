@@ -612,8 +612,6 @@ def _at(row: dict, m: int) -> dict:
 
 
 def format_default(rows: list[dict], verdicts: dict) -> str:
-    from pipeline.analysis.metrics import FLOOR_LEGEND, with_floor
-
     bins = [b["M"] for b in rows[0]["metrics"]["bins"]]
     first = rows[0]["metrics"]
     lines = [
@@ -621,8 +619,21 @@ def format_default(rows: list[dict], verdicts: dict) -> str:
         f"test split: N = {first['positions']:,} positions, K = {first['vocab_size']:,} "
         f"classes; {len(rows)} checkpoint(s)",
         "",
-        "1. Metrics at the paper's M",
     ]
+    lines += _metrics_section(rows)
+    lines += _rsd_section(rows, bins)
+    lines += _growth_section(rows, bins)
+    lines += _frequency_section(rows)
+    lines += _trend_section(rows)
+    lines += _regime_section(rows, verdicts)
+    return "\n".join(lines)
+
+
+def _metrics_section(rows: list[dict]) -> list[str]:
+    """1. Each checkpoint's metrics and floors at the paper's M."""
+    from pipeline.analysis.metrics import FLOOR_LEGEND, with_floor
+
+    lines = ["1. Metrics at the paper's M"]
     for r in rows:
         m = r["metrics"]
         t = r["training"]
@@ -646,7 +657,12 @@ def format_default(rows: list[dict], verdicts: dict) -> str:
                 f"{'yes' if b['exact'] else 'NO'}"
             )
     lines += ["", f"  {FLOOR_LEGEND}; {CANCELLED_LEGEND}"]
-    lines += [
+    return lines
+
+
+def _rsd_section(rows: list[dict], bins: list[int]) -> list[str]:
+    """2. Table 1: the RSD over M of each checkpoint."""
+    lines = [
         "",
         f"2. Table 1: RSD over M in {{{','.join(map(str, bins))}}} "
         "(paper: cw-ECE 40.93% / 44.90%, Full-ECE 7.56% / 8.36% for its 2B / 7B models)",
@@ -667,8 +683,13 @@ def format_default(rows: list[dict], verdicts: dict) -> str:
                     f"  {'':<14} {'':>6}  {name} RSD over the exact M = "
                     f"{{{','.join(map(str, used))}}} only (never from intervals)"
                 )
+    return lines
+
+
+def _growth_section(rows: list[dict], bins: list[int]) -> list[str]:
+    """Full-ECE's growth from the smallest M to the largest, against its floor's."""
     lo_m, hi_m = min(bins), max(bins)
-    lines += [
+    lines = [
         "",
         f"  Full-ECE from M = {lo_m} to M = {hi_m}: its growth against its floor's, and what "
         "cancels inside the coarse bins",
@@ -684,9 +705,14 @@ def format_default(rows: list[dict], verdicts: dict) -> str:
             f"{_f(g['above_floor'], 4):>11}  {_f(c_lo['fine_sum'], 4) if c_lo else 'n/a':>12}  "
             f"{_share(c_lo) if c_lo else 'n/a':>15}  {_share(c_hi) if c_hi else 'n/a':>17}"
         )
+    return lines
+
+
+def _frequency_section(rows: list[dict]) -> list[str]:
+    """3. How often the vocabulary occurs as a label in the test set."""
     tf = rows[-1]["metrics"]["token_frequency"]
     labels = rows[-1]["metrics"]["positions"]
-    lines += [
+    lines = [
         "",
         f"3. Token frequency on the test set ({labels:,} labels, {tf['vocab_size']:,} vocabulary "
         f"entries, {tf['distinct_labels']:,} distinct labels)",
@@ -699,7 +725,12 @@ def format_default(rows: list[dict], verdicts: dict) -> str:
             f"  occurs {b['range']:>6} times: {b['share'] * 100:5.1f}% of the vocabulary "
             f"({b['classes']:,} entries){note}"
         )
-    lines += [
+    return lines
+
+
+def _trend_section(rows: list[dict]) -> list[str]:
+    """4. The metrics across training at M = TREND_M (the paper's Figure 2)."""
+    lines = [
         "",
         f"4. Trend across training (the paper's Figure 2: Full-ECE at M = {TREND_M})",
         "",
@@ -720,8 +751,13 @@ def format_default(rows: list[dict], verdicts: dict) -> str:
             f"{_f(a['floor'], 4):>8}  {_f(a['p95'], 4):>8}  {_f(a['excess'], 4):>11}  "
             f"{_share(c) if c else 'n/a':>14}"
         )
+    return lines
+
+
+def _regime_section(rows: list[dict], verdicts: dict) -> list[str]:
+    """5. The paper's regime, and the verdict on each of its findings."""
     regime = regime_of(rows)
-    lines += [
+    lines = [
         "",
         "5. The paper's regime (single pass, non-degenerate checkpoints, large test split)",
         "",
@@ -736,7 +772,7 @@ def format_default(rows: list[dict], verdicts: dict) -> str:
             lines += textwrap.wrap(
                 f"why: {v['why']}", 100, initial_indent="      ", subsequent_indent="        "
             )
-    return "\n".join(lines)
+    return lines
 
 
 def regime_of(rows: list[dict]) -> dict:
