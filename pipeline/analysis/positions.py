@@ -344,12 +344,14 @@ def _inputs_key(meta: dict) -> str:
 
 def _scores_path(meta: dict) -> Path:
     """Where the sums of tables built from these inputs are kept: the user's own
-    cache, keyed by the verified shards' sha256s. Never the run's tables
-    directory: a file there is the run's word, and anyone who hands you a run
-    could write any NLL into it (docs/trust.md)."""
+    cache, keyed by the verified shards' sha256s and the fine grid (Σ_i q_im² is
+    kept per M dividing F: tables of the same shards at another F, such as those
+    `fullece metrics` builds for an M that does not divide F, must not replace
+    them). Never the run's tables directory: a file there is the run's word, and
+    anyone who hands you a run could write any NLL into it (docs/trust.md)."""
     from pipeline.store.cache import private_cache_dir
 
-    return private_cache_dir("scores") / f"{_inputs_key(meta)}.json"
+    return private_cache_dir("scores") / f"{_inputs_key(meta)}-F{meta.get('fine_bins')}.json"
 
 
 def write_scores(runs, tables_dir, meta: dict, *, progress: bool = False) -> dict:
@@ -385,6 +387,7 @@ def read_scores(tables_dir, meta: dict) -> dict | None:
         or record.get("schema_version") != SCORES_VERSION
         or record.get("inputs") != _inputs_key(meta)
         or record.get("positions") != meta.get("positions")
+        or record.get("fine_bins") != meta.get("fine_bins")
     ):
         return None
     return record
