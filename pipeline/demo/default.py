@@ -362,14 +362,24 @@ def findings(rows: list[dict]) -> dict:
     untrained model) has Full-ECE = 0 at that M by construction; such
     checkpoints are left out of the judgement (and named), never silently.
     """
-    import numpy as np
+    return {
+        "table1": _table1_finding(rows),
+        "frequency": _frequency_finding(rows),
+        "trend": _trend_finding(rows),
+    }
 
-    out = {}
-    # Table 1: RSD of Full-ECE below RSD of cw-ECE
+
+def _status(hits: int, judged: int) -> str:
+    if judged and hits == judged:
+        return "reproduced"
+    return "partly reproduced" if hits else "not reproduced"
+
+
+def _table1_finding(rows: list[dict]) -> dict:
+    """Table 1: RSD of Full-ECE below RSD of cw-ECE at every checkpoint."""
     with_rsd = [r for r in rows if r["metrics"].get("rsd")]
     m_min = min((b["M"] for b in rows[0]["metrics"]["bins"]), default=TREND_M)
     judged = [r for r in with_rsd if not saturated(r, m_min)] or with_rsd
-    judged_rsd = judged
     excluded = [r for r in with_rsd if r not in judged]
     lower = [
         r["label"]
@@ -378,28 +388,26 @@ def findings(rows: list[dict]) -> dict:
         and r["metrics"]["rsd"]["cw_ece"] is not None
         and r["metrics"]["rsd"]["full_ece"] < r["metrics"]["rsd"]["cw_ece"]
     ]
-    if judged and len(lower) == len(judged):
-        status = "reproduced"
-    elif lower:
-        status = "partly reproduced"
-    else:
-        status = "not reproduced"
-    out["table1"] = {
-        "status": status,
+    against = [r for r in judged if r["label"] not in lower]
+    return {
+        "status": _status(len(lower), len(judged)),
         "checkpoints": len(judged),
         "full_below_cw": len(lower),
         "excluded": [r["label"] for r in excluded],
         "text": f"RSD of Full-ECE < RSD of cw-ECE at {len(lower)} of {len(judged)} checkpoints"
         f"{_excluded_note(excluded, m_min)} (paper: at both of its models, "
         "7.6-8.4% vs 40.9-44.9%)",
+        "why": why_table1(against[-1]) if against else None,
     }
-    # token frequency: most of the vocabulary is rare in the test set
+
+
+def _frequency_finding(rows: list[dict]) -> dict:
+    """Token frequency: at least half of the vocabulary occurs at most 10 times."""
     tf = rows[-1]["metrics"]["token_frequency"]
     shares = {b["range"]: b["share"] for b in tf["buckets"]}
     never, rare = shares.get("0", float("nan")), shares.get("1-10", float("nan"))
     status = "reproduced" if never + rare >= 0.5 else "not reproduced"
-    status_freq = status
-    out["frequency"] = {
+    return {
         "status": status,
         "never": never,
         "one_to_ten": rare,
@@ -407,26 +415,36 @@ def findings(rows: list[dict]) -> dict:
         f"{rare * 100:.1f}% occurs 1-10 times, {(never + rare) * 100:.1f}% in all "
         f"(paper: 30% and 41%, 71%; criterion: at least half of the vocabulary occurs "
         f"at most 10 times)",
+        "why": (
+            f"the test split's {rows[-1]['metrics']['positions']:,} labels cover "
+            f"{tf['distinct_labels']:,} of the {tf['vocab_size']:,} vocabulary entries"
+            if status != "reproduced"
+            else None
+        ),
     }
-    # Figure 2: Full-ECE (M=10) decreases over training
+
+
+def _trend_finding(rows: list[dict]) -> dict:
+    """Figure 2: Full-ECE (M = TREND_M) decreases over training."""
+    import numpy as np
+
     judged = [r for r in rows if not saturated(r, TREND_M)]
     if len(judged) < 2:
         judged = rows
     excluded = [r for r in rows if r not in judged]
     values = [_at(r, TREND_M)["full_ece"] for r in judged]
     diffs = np.diff(values).tolist()
+    ups = sum(d >= 0 for d in diffs)
     if len(values) < 2:
         status, how = "not tested", "a single checkpoint"
     elif all(d < 0 for d in diffs):
         status, how = "reproduced", "decreases at every checkpoint"
     elif values[-1] < values[0]:
-        ups = sum(d >= 0 for d in diffs)
         status, how = (
             "partly reproduced",
             f"lower at the end, but rises at {ups} of {len(diffs)} steps",
         )
     else:
-        ups = sum(d >= 0 for d in diffs)
         status, how = (
             "not reproduced",
             (
@@ -434,15 +452,7 @@ def findings(rows: list[dict]) -> dict:
                 f"(rises at {ups} of {len(diffs)} steps)"
             ),
         )
-    against = [r for r in judged_rsd if r["label"] not in lower]
-    out["table1"]["why"] = why_table1(against[-1]) if against else None
-    out["frequency"]["why"] = (
-        f"the test split's {rows[-1]['metrics']['positions']:,} labels cover "
-        f"{tf['distinct_labels']:,} of the {tf['vocab_size']:,} vocabulary entries"
-        if status_freq != "reproduced"
-        else None
-    )
-    out["trend"] = {
+    return {
         "status": status,
         "values": values,
         "checkpoints": [r["label"] for r in judged],
@@ -453,7 +463,6 @@ def findings(rows: list[dict]) -> dict:
         + f"{_excluded_note(excluded, TREND_M)}"
         + " (paper: a consistent decrease over training)",
     }
-    return out
 
 
 # ------------------------------------------------------------------ measured reasons
