@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchmetrics")
 
-from pipeline import PAPER_BINS  # noqa: E402
 from pipeline.core.checks import InputError  # noqa: E402
 from pipeline.core.probability import probs_of_record  # noqa: E402
+from pipeline.defaults import PAPER_BINS  # noqa: E402
 from pipeline.integrations.names import FIGURES, metric_key  # noqa: E402
 from pipeline.metrics import calibration_errors  # noqa: E402
 from pipeline.torchmetrics import TokenCalibrationError, fine_grid_for  # noqa: E402

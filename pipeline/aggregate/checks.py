@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipeline import DEFAULT_FINE_BINS
 from pipeline.aggregate.layout import META_NAME, TABLE_NAMES, default_tables_dir
+from pipeline.defaults import DEFAULT_FINE_BINS
 from pipeline.store import tablestore
 from pipeline.store.run import AggregateError, Run, check_shard, iter_positions, open_runs
 from pipeline.store.schema import SCHEMA_VERSION, SchemaVersionError

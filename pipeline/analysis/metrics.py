@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import MAX_BINS, PAPER_BINS
 from pipeline.core.registry import BIN_METRICS, PAPER_METRICS, RUN_METRICS
+from pipeline.defaults import MAX_BINS, PAPER_BINS
 from pipeline.store.manifest import RunError
 from pipeline.store.run import is_run, run_label
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import PAPER_BINS
 from pipeline.core.registry import PAPER_METRICS
+from pipeline.defaults import PAPER_BINS
 from pipeline.progress import notice
 
 RELIABILITY_BINS = 10

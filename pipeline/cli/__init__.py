@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from pipeline import __version__
+from pipeline.defaults import __version__
 from pipeline.progress import PROGRESS_ENV
 
 # name -> "module:attribute"; each module defines one click command.

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline import PAPER_BINS
 from pipeline.core.binning import check_n_bins, coarsen_bins, is_exact
 from pipeline.core.tables import BinTables
+from pipeline.defaults import PAPER_BINS
 
 __all__ = [
     "ece_formula",

@@ -37,7 +37,7 @@ is a multiple of (processes x per-device batch size) for exact values there.
 
 from __future__ import annotations
 
-from pipeline import PAPER_BINS
+from pipeline.defaults import PAPER_BINS
 from pipeline.integrations.names import metric_key
 from pipeline.torchmetrics import TokenCalibrationError
 

@@ -58,7 +58,7 @@ def _fingerprint(path: Path) -> list:
 def stamp_name(kind: str, args, paths) -> str | None:
     """The stamp's name for check `kind` with `args` over `paths` as they are
     now; None when a file is missing or changed too recently to be stamped."""
-    from pipeline import __version__
+    from pipeline.defaults import __version__
 
     found = []
     for path in paths:

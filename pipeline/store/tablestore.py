@@ -20,10 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import __version__
 from pipeline.core.arrow_numpy import column_numpy
 from pipeline.core.binning import m_exact_from_tail_max
 from pipeline.core.tables import BinTables
+from pipeline.defaults import __version__
 from pipeline.errors import FulleceError
 from pipeline.store import atomic
 from pipeline.store.schema import SCHEMA_VERSION, check_table_schema, check_version
