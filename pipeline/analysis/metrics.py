@@ -314,7 +314,7 @@ def add_floors(rows, tables, mass_sq, cw_known: bool, extra_tables=None) -> list
 def _tail_bounds(tables_dir, tables):
     """Per-class tail allocation and capacity of tables holding an imported run, else None."""
     from pipeline.aggregate import read_tables_meta
-    from pipeline.store.tailbounds import read_tail_bounds
+    from pipeline.store.tablestore import read_tail_bounds
 
     return read_tail_bounds(tables_dir, read_tables_meta(tables_dir), tables.vocab_size)
 
