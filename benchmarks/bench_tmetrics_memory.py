@@ -33,7 +33,7 @@ MB = 1e6
 _CHILD = r"""
 import gc, json, sys
 import psutil, torch
-from pipeline.torchmetrics import TokenCalibrationError
+from pipeline.integrations.torchmetrics import TokenCalibrationError
 
 k, batch, variant = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 proc = psutil.Process()

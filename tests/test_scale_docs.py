@@ -98,7 +98,7 @@ def test_lightning_snippet(tiny):
 @pytest.mark.slow
 def test_mlflow_snippet(tiny, tmp_path, monkeypatch):
     mlflow = pytest.importorskip("mlflow")
-    from pipeline.torchmetrics import TokenCalibrationError
+    from pipeline.integrations.torchmetrics import TokenCalibrationError
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
