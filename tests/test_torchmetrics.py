@@ -1,5 +1,5 @@
 """pipeline.integrations.torchmetrics.TokenCalibrationError against the functional API
-(pipeline.metrics) and the independent rational-arithmetic reference
+(pipeline.core.metrics) and the independent rational-arithmetic reference
 (tests/reference.py), on one process and on two real gloo processes."""
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchmetrics")
 
 from pipeline.core.checks import InputError  # noqa: E402
+from pipeline.core.metrics import calibration_errors  # noqa: E402
 from pipeline.core.probability import probs_of_record  # noqa: E402
 from pipeline.defaults import PAPER_BINS  # noqa: E402
 from pipeline.integrations.names import FIGURES, metric_key  # noqa: E402
 from pipeline.integrations.torchmetrics import TokenCalibrationError, fine_grid_for  # noqa: E402
-from pipeline.metrics import calibration_errors  # noqa: E402
 from tests.reference import exact_bins, reference_metrics  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,9 +57,9 @@ def _assert_matches(values, probs, labels, n_bins, *, classwise, reference=True)
 
 def _assert_figures_match(values, probs, labels, n_bins):
     """The L2 figures and ECE's split against their definitions (tests/test_debiased.py,
-    plain loops over bins); the floors against pipeline.metrics.noise_floors (every
+    plain loops over bins); the floors against pipeline.core.floors.noise_floors (every
     Σp² and Σ_i q_im² exact from the dense probabilities)."""
-    from pipeline.metrics import noise_floors
+    from pipeline.core.floors import noise_floors
     from tests.test_debiased import definition
 
     for m in n_bins:
