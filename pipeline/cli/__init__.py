@@ -25,7 +25,7 @@ _COMMANDS = {
     "train": "pipeline.cli.train:train",
     "corpus": "pipeline.cli.corpus:corpus",
     "default": "pipeline.cli.default:default",
-    "import": "pipeline.cli.importer:import_command",
+    "import": "pipeline.cli.ingest:import_command",
     "temperature": "pipeline.cli.temperature:temperature",
 }
 
