@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.aggregate.positions import PositionScan
 from pipeline.analysis.metrics import format_metrics, metrics_for_run
-from pipeline.analysis.positions import PositionScan
 from pipeline.core.metrics import (
     adaptive_ece,
     brier,

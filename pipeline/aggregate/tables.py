@@ -96,7 +96,7 @@ def aggregate(
             )
             notice(f"aggregate: summing the partial tables of {len(parts)} shard(s) ...", progress)
             meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir, kept)
-            from pipeline.analysis.positions import write_scores
+            from pipeline.aggregate.positions import write_scores
 
             # NLL, Brier, entropy sums, cached: metrics need not scan
             write_scores(runs, out, meta, progress=progress)

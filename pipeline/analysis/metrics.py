@@ -59,7 +59,7 @@ def metrics_for_run(
     From the tables alone (cost independent of N): smooth ECE on the top-1
     fine grid, adaptive ECE or its proven interval, and NLL, Brier and entropy
     from the sums kept in the user's cache at aggregation. With
-    `positions` (or a `scan`, a :class:`pipeline.analysis.positions.PositionScan`
+    `positions` (or a `scan`, a :class:`pipeline.aggregate.positions.PositionScan`
     of the run already made, which the report reuses) every position is read:
     exact adaptive ECE and relplot's smECE on the raw top-1 pairs.
     An incomplete run is refused unless `partial` (then ``complete: false``)."""
@@ -133,7 +133,7 @@ def metrics_for_run(
     scores = dict.fromkeys(_RUN_KEYS)
     sums = None
     if (positions or scan is not None) and is_run(run_dir):
-        from pipeline.analysis.positions import scan_run
+        from pipeline.aggregate.positions import scan_run
 
         scan = scan if scan is not None else scan_run(run_dir, progress=not quiet)
         scores = scan.result()
@@ -148,7 +148,7 @@ def metrics_for_run(
 
         sums = _run_sums(run_dir, tables_dir, quiet)
         if sums is not None:
-            from pipeline.analysis.positions import scores_of_sums
+            from pipeline.aggregate.positions import scores_of_sums
 
             scores = scores_of_sums(sums)
         scores["smooth_ece"] = smooth_ece_at(tables)
@@ -236,8 +236,8 @@ def _run_sums(run_dir, tables_dir, quiet: bool) -> dict | None:
     the user's cache (written at aggregation, keyed by the verified shards'
     sha256s), else one scan of the run's positions, then kept there.
     None for a tables directory without it."""
+    from pipeline.aggregate import positions as pos
     from pipeline.aggregate import read_tables_meta
-    from pipeline.analysis import positions as pos
 
     meta = read_tables_meta(tables_dir)
     sums = pos.read_scores(tables_dir, meta)

@@ -123,7 +123,7 @@ def prepare_run(
     top1 = None
     temperature = None
     if is_run(run_dir):
-        from pipeline.analysis.positions import scan_run
+        from pipeline.aggregate.positions import scan_run
 
         scan = scan_run(run_dir, progress=not quiet)
         notice("report: computing the metrics (the smooth ECE loads relplot first) ...", not quiet)
