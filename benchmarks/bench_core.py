@@ -42,10 +42,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import DEFAULT_FINE_BINS, PAPER_BINS
 from pipeline.core.accumulator import THREADS_ENV, CalibrationAccumulator
 from pipeline.core.binning import fine_bin_index
 from pipeline.core.metrics import classwise_ece, compute_metrics, ece, full_ece
+from pipeline.defaults import DEFAULT_FINE_BINS, PAPER_BINS
 
 ROOT = Path(__file__).resolve().parent.parent
 

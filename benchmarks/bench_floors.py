@@ -29,7 +29,7 @@ from benchmarks.bench_metrics import write_positions
 
 
 def scan(path: Path, fine_bins) -> float:
-    from pipeline.analysis.positions import PositionScan
+    from pipeline.aggregate.positions import PositionScan
 
     s = PositionScan(keep_pairs=False, fine_bins=fine_bins)
     for batch in pq.ParquetFile(str(path)).iter_batches(batch_size=65536):

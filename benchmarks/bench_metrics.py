@@ -7,7 +7,7 @@ each, zstd, 64k-row groups) and computes, over one scan, what `fullece metrics`
 needs from it: Σ −ln p(label), Σ_kept p² per row (for the Brier bounds) and the
 N top-1 (confidence, correct) pairs. Engines timed on the same file:
 
-* pyarrow ``iter_batches`` + numpy (what :mod:`pipeline.analysis.positions` uses),
+* pyarrow ``iter_batches`` + numpy (what :mod:`pipeline.aggregate.positions` uses),
 * DuckDB (one SELECT with ``list_sum(list_transform(...))``, fetched as numpy),
 * Polars (``scan_parquet`` with ``list.eval``), collected.
 
@@ -57,7 +57,7 @@ def write_positions(path: Path, n: int, kept: int, seed: int = 0) -> None:
 
 
 def run_pyarrow(path: Path) -> dict:
-    from pipeline.analysis.positions import PositionScan
+    from pipeline.aggregate.positions import PositionScan
 
     scan = PositionScan()
     for batch in pq.ParquetFile(str(path)).iter_batches(batch_size=65536):

@@ -35,7 +35,7 @@ def measure(n: int, k: int, batch: int, device: str, scale: float) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from pipeline.torchmetrics import TokenCalibrationError
+    from pipeline.integrations.torchmetrics import TokenCalibrationError
 
     g = torch.Generator().manual_seed(0)
     logits = (torch.randn(n, k, generator=g) * scale).to(device)

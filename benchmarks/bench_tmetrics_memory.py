@@ -33,7 +33,7 @@ MB = 1e6
 _CHILD = r"""
 import gc, json, sys
 import psutil, torch
-from pipeline.torchmetrics import TokenCalibrationError
+from pipeline.integrations.torchmetrics import TokenCalibrationError
 
 k, batch, variant = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 proc = psutil.Process()
@@ -102,7 +102,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--vocab", type=int, default=32_000)
     ap.add_argument("--batch", type=int, default=256, help="positions per update/forward")
     args = ap.parse_args(argv)
-    from pipeline import PAPER_BINS
+    from pipeline.defaults import PAPER_BINS
 
     k = 4_000 if args.quick else args.vocab
     s = sum(PAPER_BINS)

@@ -4,16 +4,16 @@ The analysis half (binning, tables, metrics, aggregation, SQL, reports) needs
 no torch; only ``pipeline.extract`` and ``pipeline.demo.train`` import it, lazily.
 """
 
-__version__ = "0.1.0"
+from pipeline.defaults import DEFAULT_FINE_BINS, MAX_BINS, PAPER_BINS, __version__
 
-DEFAULT_FINE_BINS = 1000
-# The paper's M set (Table 1); every value divides DEFAULT_FINE_BINS.
-PAPER_BINS = (5, 10, 20, 50, 100, 200, 500)
-# The largest M a command accepts: an M that does not divide F is aggregated from
-# the shards with dense per-bin arrays (O(M) memory per class row of seq/top-1
-# tables), so M is capped (docs/design.md). Here, not in pipeline.analysis, so that
-# the commands' options need no import of the analysis modules.
-MAX_BINS = 1_000_000
+__all__ = [
+    "DEFAULT_FINE_BINS",
+    "MAX_BINS",
+    "PAPER_BINS",
+    "__version__",
+    "open_positions",
+    "open_tables",
+]
 
 
 def __getattr__(name):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pipeline.aggregate import aggregate_runs
-from pipeline.store.validate import find_problems
+from pipeline.aggregate.validate import find_problems
 
 
 def test_generated_runs_are_valid_and_aggregate(tmp_path):

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from pipeline import PAPER_BINS
 from pipeline.aggregate import ensure_tables, load_run_tables
 from pipeline.analysis.metrics import fmt, format_metrics, metrics_for_run
 from pipeline.cli.metrics import compare, metrics
 from pipeline.core.bootstrap import bootstrap
+from pipeline.defaults import PAPER_BINS
 from tests.helpers.analysis_runs import dense_case, dense_reference, validate_json, write_run
 
 SCHEMA = json.loads(

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.analysis.metrics import format_metrics, metrics_for_run
-from pipeline.metrics import (
+from pipeline.core.metrics import (
     calibration_errors,
     ece_l2,
     ece_split,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipeline import PAPER_BINS
+from pipeline.defaults import PAPER_BINS
 from pipeline.demo.default import findings, format_default, regime_of
 from pipeline.demo.train import (
     DEFAULT_STEPS,

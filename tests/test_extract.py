@@ -246,10 +246,10 @@ def test_full_store_bfloat16_kept_as_float16(tmp_path, corpus):
 def test_positions_v2_schema_and_v1_runs_still_open(models, corpus, tmp_path):
     """New runs write positions v2 (sum_p2); a v1 shard (no sum_p2) still
     validates and measures to the same numbers."""
+    from pipeline.aggregate.validate import find_problems
     from pipeline.analysis.metrics import metrics_for_run
     from pipeline.store.manifest import save_manifest
     from pipeline.store.schema import POSITIONS_V1, SchemaVersionError, check_table_schema
-    from pipeline.store.validate import find_problems
 
     run = tmp_path / "run"
     m = run_extraction(models["gpt2"], corpus, run, shard_positions=200, **QUIET)
@@ -547,7 +547,7 @@ def test_cli_extract_and_help(models, corpus, tmp_path):
 
 def test_cli_module_imports_no_torch():
     code = (
-        "import sys; import pipeline.cli.extract, pipeline.store.validate, pipeline.store.shards; "
+        "import sys; import pipeline.cli.extract, pipeline.aggregate.validate, pipeline.store.shards; "
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

@@ -146,7 +146,7 @@ def _assert_same_run(ref_dir, run_dir):
                 np.testing.assert_allclose(y, x, rtol=1e-12, atol=1e-15, err_msg=f"{name}.{col}")
             else:
                 np.testing.assert_array_equal(y, x, err_msg=f"{name}.{col}")
-    from pipeline.store.validate import find_problems
+    from pipeline.aggregate.validate import find_problems
 
     assert find_problems(run_dir, first_only=False) == []
 

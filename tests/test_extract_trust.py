@@ -101,7 +101,7 @@ def test_second_extract_process_refuses(model, corpus, tmp_path):
     err = second.stderr.decode()
     assert f"is being written by process {first.pid}" in err, err
     assert "Traceback" not in err
-    from pipeline.store.validate import find_problems
+    from pipeline.aggregate.validate import find_problems
 
     assert load_manifest(out)["complete"] and find_problems(out, first_only=False) == []
 

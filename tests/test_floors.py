@@ -411,8 +411,8 @@ def test_sums_kept_before_floors_are_rescanned(tmp_path):
     """A scores cache of version 1 (no Σ_i q_im²) is not trusted for the floors: the
     next `metrics` rescans the positions and keeps the new sums."""
     from pipeline.aggregate import ensure_tables, read_tables_meta
+    from pipeline.aggregate.positions import SCORES_VERSION, _scores_path
     from pipeline.analysis.metrics import metrics_for_run
-    from pipeline.analysis.positions import SCORES_VERSION, _scores_path
     from tests.helpers.analysis_runs import dense_case, write_run
 
     case = dense_case(120, 12, seed=9)
@@ -459,8 +459,8 @@ def test_tables_without_the_sums_give_no_full_ece_floor_and_say_why(tmp_path):
     """A tables directory (not a run) whose sums are not in the cache: Full-ECE's
     floor is null with the reason; ECE's and cw-ECE's come from the tables alone."""
     from pipeline.aggregate import aggregate, read_tables_meta
+    from pipeline.aggregate.positions import _scores_path
     from pipeline.analysis.metrics import metrics_for_run
-    from pipeline.analysis.positions import _scores_path
     from tests.helpers.analysis_runs import dense_case, write_run
 
     case = dense_case(150, 10, seed=12)

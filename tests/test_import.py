@@ -19,11 +19,11 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from pipeline.aggregate.validate import find_problems
 from pipeline.cli import main
 from pipeline.core.metrics import tail_split_range
 from pipeline.ingest import IngestError, import_topk, import_vllm
 from pipeline.store.manifest import load_manifest
-from pipeline.store.validate import find_problems
 
 K = 50
 

@@ -30,7 +30,7 @@ pytest.importorskip("torchmetrics")
 
 from pipeline.core.probability import probs_of_record  # noqa: E402
 from pipeline.integrations.names import FIGURES, LOGGER_KEY, metric_key  # noqa: E402
-from pipeline.torchmetrics import TokenCalibrationError  # noqa: E402
+from pipeline.integrations.torchmetrics import TokenCalibrationError  # noqa: E402
 from tests.reference import reference_metrics  # noqa: E402
 
 # the characters of the issue, spelled out here rather than taken from the code
@@ -153,7 +153,7 @@ def test_json_outputs_name_nothing_a_logger_refuses(tmp_path):
 def test_neither_pipeline_nor_the_cli_imports_lightning_or_mlflow():
     code = (
         "import sys, contextlib, io\n"
-        "import pipeline, pipeline.torchmetrics, pipeline.integrations.transformers\n"
+        "import pipeline, pipeline.integrations.torchmetrics, pipeline.integrations.transformers\n"
         "from pipeline.cli import main\n"
         "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
         "    main(['--help'])\n"

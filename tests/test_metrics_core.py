@@ -9,7 +9,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import PAPER_BINS
 from pipeline.core.accumulator import CalibrationAccumulator
 from pipeline.core.binning import (
     bin1_threshold,
@@ -29,6 +28,7 @@ from pipeline.core.metrics import (
     rsd,
     token_frequency,
 )
+from pipeline.defaults import PAPER_BINS
 from tests.reference import exact_bins, reference_metrics
 
 TOL = 1e-12

@@ -18,10 +18,9 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.aggregate.positions import PositionScan
 from pipeline.analysis.metrics import format_metrics, metrics_for_run
-from pipeline.analysis.positions import PositionScan
-from pipeline.core.registry import BIN_METRICS, REGISTRY, RUN_METRICS
-from pipeline.metrics import (
+from pipeline.core.metrics import (
     adaptive_ece,
     brier,
     entropy,
@@ -31,6 +30,7 @@ from pipeline.metrics import (
     tail_sum_sq_bounds,
     temperature_scan,
 )
+from pipeline.core.registry import BIN_METRICS, REGISTRY, RUN_METRICS
 from tests.helpers.analysis_runs import (
     dense_case,
     float32_lse,

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 import pipeline.core.binning as binning
 import pipeline.core.metrics as core_metrics
-from pipeline import PAPER_BINS
+from pipeline.defaults import PAPER_BINS
 from pipeline.cli.metrics import metrics
 from tests.helpers.analysis_runs import dense_case, write_run
 

@@ -75,7 +75,7 @@ def test_runwriter_gives_the_tables_of_fullece_extract(setup, tmp_path, store):
     for name in TABLES:
         assert ta[name].equals(tb[name]), name
     # the run validates as any other
-    from pipeline.store.validate import find_problems
+    from pipeline.aggregate.validate import find_problems
 
     assert find_problems(tmp_path / "rw", first_only=False) == []
 

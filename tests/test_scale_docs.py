@@ -13,10 +13,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 pytest.importorskip("torchmetrics")
 
-from pipeline import PAPER_BINS  # noqa: E402
+from pipeline.core.metrics import ece, full_ece  # noqa: E402
 from pipeline.core.probability import probs_of_record  # noqa: E402
+from pipeline.defaults import PAPER_BINS  # noqa: E402
 from pipeline.integrations.names import FIGURES  # noqa: E402
-from pipeline.metrics import ece, full_ece  # noqa: E402
 from tests.helpers.extract_models import build_gpt2, synthetic_texts, token_sequences  # noqa: E402
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "scale.md"
@@ -98,7 +98,7 @@ def test_lightning_snippet(tiny):
 @pytest.mark.slow
 def test_mlflow_snippet(tiny, tmp_path, monkeypatch):
     mlflow = pytest.importorskip("mlflow")
-    from pipeline.torchmetrics import TokenCalibrationError
+    from pipeline.integrations.torchmetrics import TokenCalibrationError
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -215,8 +215,8 @@ def test_commands_import_nothing_heavy(run_dir, argv):
 
 def test_scores_json_is_the_positions_scan(run_dir):
     from pipeline.aggregate import aggregate, read_tables_meta
+    from pipeline.aggregate.positions import _scores_path, read_scores, scan_run
     from pipeline.analysis.metrics import metrics_for_run
-    from pipeline.analysis.positions import _scores_path, read_scores, scan_run
 
     run, case = run_dir
     out, _ = aggregate([run], progress=False)

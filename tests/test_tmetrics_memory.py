@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchmetrics")
 
 from pipeline.core.probability import probs_of_record  # noqa: E402
-from pipeline.torchmetrics import TokenCalibrationError  # noqa: E402
+from pipeline.integrations.torchmetrics import TokenCalibrationError  # noqa: E402
 from tests.reference import reference_metrics  # noqa: E402
 
 CLASS_STATES = ("class_hits", "class_p_sum")

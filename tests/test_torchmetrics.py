@@ -1,5 +1,5 @@
-"""pipeline.torchmetrics.TokenCalibrationError against the functional API
-(pipeline.metrics) and the independent rational-arithmetic reference
+"""pipeline.integrations.torchmetrics.TokenCalibrationError against the functional API
+(pipeline.core.metrics) and the independent rational-arithmetic reference
 (tests/reference.py), on one process and on two real gloo processes."""
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchmetrics")
 
-from pipeline import PAPER_BINS  # noqa: E402
 from pipeline.core.checks import InputError  # noqa: E402
+from pipeline.core.metrics import calibration_errors  # noqa: E402
 from pipeline.core.probability import probs_of_record  # noqa: E402
+from pipeline.defaults import PAPER_BINS  # noqa: E402
 from pipeline.integrations.names import FIGURES, metric_key  # noqa: E402
-from pipeline.metrics import calibration_errors  # noqa: E402
-from pipeline.torchmetrics import TokenCalibrationError, fine_grid_for  # noqa: E402
+from pipeline.integrations.torchmetrics import TokenCalibrationError, fine_grid_for  # noqa: E402
 from tests.reference import exact_bins, reference_metrics  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,9 +57,9 @@ def _assert_matches(values, probs, labels, n_bins, *, classwise, reference=True)
 
 def _assert_figures_match(values, probs, labels, n_bins):
     """The L2 figures and ECE's split against their definitions (tests/test_debiased.py,
-    plain loops over bins); the floors against pipeline.metrics.noise_floors (every
+    plain loops over bins); the floors against pipeline.core.floors.noise_floors (every
     Σp² and Σ_i q_im² exact from the dense probabilities)."""
-    from pipeline.metrics import noise_floors
+    from pipeline.core.floors import noise_floors
     from tests.test_debiased import definition
 
     for m in n_bins:
@@ -166,7 +166,7 @@ def test_n_bins_not_dividing_the_default_grid():
 
 
 def test_blocks_and_batches_do_not_change_values(monkeypatch):
-    import pipeline.torchmetrics as tm
+    import pipeline.integrations.torchmetrics as tm
 
     g = torch.Generator().manual_seed(5)
     k = 40
@@ -321,7 +321,7 @@ def test_clear_errors():
     with pytest.raises(InputError, match="row 1"):
         metric.update(bad, torch.zeros(3, dtype=torch.long))
     assert int(metric.positions) == 0  # nothing half-added
-    import pipeline.torchmetrics as tm
+    import pipeline.integrations.torchmetrics as tm
 
     tm_block, tm._BLOCK_ELEMENTS = tm._BLOCK_ELEMENTS, 8  # blocks of 2 rows
     try:
@@ -345,7 +345,7 @@ _DDP_WORKER = r"""
 import json, os, sys
 import torch
 import torch.distributed as dist
-from pipeline.torchmetrics import TokenCalibrationError
+from pipeline.integrations.torchmetrics import TokenCalibrationError
 
 rank = int(os.environ["RANK"])
 dist.init_process_group("gloo")

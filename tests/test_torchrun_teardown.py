@@ -98,7 +98,7 @@ _DDP_WORKER = r"""
 import json, os, sys
 import torch
 import torch.distributed as dist
-from pipeline.torchmetrics import TokenCalibrationError
+from pipeline.integrations.torchmetrics import TokenCalibrationError
 
 rank = int(os.environ["RANK"])
 dist.init_process_group("gloo")

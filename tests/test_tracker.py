@@ -14,10 +14,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 pytest.importorskip("torchmetrics")
 
-from pipeline import PAPER_BINS  # noqa: E402
+from pipeline.core.metrics import calibration_errors  # noqa: E402
 from pipeline.core.probability import probs_of_record  # noqa: E402
+from pipeline.defaults import PAPER_BINS  # noqa: E402
 from pipeline.integrations.transformers import CalibrationTracker  # noqa: E402
-from pipeline.metrics import calibration_errors  # noqa: E402
 from tests.helpers.extract_models import build_gpt2, synthetic_texts, token_sequences, write_corpus  # noqa: E402
 
 

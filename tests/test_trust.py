@@ -24,9 +24,9 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from pipeline.aggregate.validate import find_problems
 from pipeline.cli import main
 from pipeline.store.manifest import path_sha256
-from pipeline.store.validate import find_problems
 from tests.helpers.analysis_runs import dense_case, dense_reference, write_run
 
 M = 10
@@ -642,7 +642,7 @@ def test_killed_aggregate_leftovers_are_cleaned(run):
 def test_validate_reports_table_of_other_run_inputs(run, tmp_path, case):
     """Tables whose recorded inputs are not this run's shards are named by validate,
     as a notice: stale tables are rebuilt, the run itself is valid (issue 24 item 7)."""
-    from pipeline.store.validate import table_notices
+    from pipeline.aggregate.validate import table_notices
 
     meta_path = run / "tables" / "meta.json"
     meta = json.loads(meta_path.read_text())

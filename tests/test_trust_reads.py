@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.aggregate.validate import find_problems
 from pipeline.store.manifest import path_sha256
-from pipeline.store.validate import find_problems
 from tests.helpers.analysis_runs import dense_case, dense_reference, write_run
 from tests.test_trust import M, cli, rewrite_manifest  # issue 9's fault-injection helpers
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.store.validate import find_problems
+from pipeline.aggregate.validate import find_problems
 from tests.helpers.analysis_runs import dense_case, dense_reference, kept_mask, write_run
 from tests.helpers.processes import ROOT
 from tests.test_trust import (

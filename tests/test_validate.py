@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from pipeline.aggregate.validate import find_problems, schema_errors
 from pipeline.cli import main
 from pipeline.store.schema import SchemaVersionError
-from pipeline.store.validate import find_problems, schema_errors
 from tests.helpers.analysis_runs import dense_case, write_run
 
 

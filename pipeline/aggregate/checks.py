@@ -14,12 +14,19 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipeline import DEFAULT_FINE_BINS
 from pipeline.aggregate.layout import META_NAME, TABLE_NAMES, default_tables_dir
+from pipeline.defaults import DEFAULT_FINE_BINS
 from pipeline.store import tablestore
-from pipeline.store.run import AggregateError, Run, check_shard, iter_positions, open_runs
+from pipeline.store.run import (
+    AggregateError,
+    Run,
+    check_shard,
+    iter_positions,
+    open_runs,
+    run_files,
+)
 from pipeline.store.schema import SCHEMA_VERSION, SchemaVersionError
-from pipeline.store.stamp import is_stamped, run_files, stamp, stamp_name
+from pipeline.store.stamp import is_stamped, stamp, stamp_name
 from pipeline.store.tailbounds import TAIL_BOUNDS_NAME
 
 

@@ -18,9 +18,10 @@ import pyarrow.parquet as pq
 from pipeline.aggregate.checks import _manifest_sha256, _run_inputs
 from pipeline.aggregate.layout import TABLE_NAMES, TABLE_SCHEMAS
 from pipeline.aggregate.shard_map import PartCache, _release_map_memory
-from pipeline.aggregate.sql import reduce_sql, sql_str
+from pipeline.aggregate.sql import reduce_sql, sql_str, tail_bounds_sql
 from pipeline.store import atomic, tablestore
 from pipeline.store.run import AggregateError, Run
+from pipeline.store.tailbounds import TAIL_BOUNDS, TAIL_BOUNDS_NAME, class_tail_known
 
 DEFAULT_MEMORY_LIMIT = "1GB"
 _WRITE_BATCH_ROWS = 1 << 20
@@ -128,8 +129,6 @@ def _reduce(
                 TABLE_SCHEMAS[name],
             )
     # imported runs (per-class tail unknown): per-class tail allocation and capacity
-    from pipeline.store.tailbounds import reduce_tail_bounds
-
     tail_meta = reduce_tail_bounds(connect, runs, out, _write_query)
     if con is not None:
         con.close()
@@ -247,3 +246,23 @@ def _run_record(run: Run, tables_dir: Path) -> dict:
         "manifest_sha256": _manifest_sha256(run.run_dir),
         "inputs": _run_inputs(run),
     }
+
+
+def reduce_tail_bounds(connect, runs, out: Path, write_query) -> dict:
+    """Sum the class_tail shards of runs with an unknown per-class tail into
+    OUT/tail_bounds.parquet; returns the meta.json fields to add ({} if none).
+    `connect()` gives the DuckDB connection, asked for only when there is work."""
+    files = [
+        Path(run.run_dir) / shard.entry["class_tail"]
+        for run in runs
+        if not class_tail_known(run.manifest)
+        for shard in run.shards
+        if shard.entry.get("class_tail")
+    ]
+    path = Path(out) / TAIL_BOUNDS_NAME
+    if not files:
+        path.unlink(missing_ok=True)
+        return {}
+    lst = ", ".join(f"'{sql_str(p)}'" for p in files)
+    write_query(connect(), tail_bounds_sql(f"read_parquet([{lst}])"), path, TAIL_BOUNDS)
+    return {"class_tail_known": False, "tail_bounds": TAIL_BOUNDS_NAME}

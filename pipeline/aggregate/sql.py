@@ -87,3 +87,8 @@ def reduce_sql(name: str, files_sql: str, vocab_size: int) -> str:
             sum(conf_sum), sum(correct)
         FROM {files_sql} GROUP BY seq_id, bin ORDER BY seq_id, bin"""
     raise ValueError(f"unknown table {name!r}")
+
+
+def tail_bounds_sql(files_sql: str) -> str:
+    return f"""SELECT class_id, sum(tail_count), sum(tail_mass), sum(tail_cap)
+        FROM {files_sql} GROUP BY class_id ORDER BY class_id"""

@@ -20,7 +20,6 @@ import os
 import shutil
 from pathlib import Path
 
-from pipeline import DEFAULT_FINE_BINS
 from pipeline.aggregate.checks import _current_tables, _shard_problem, check_mergeable
 from pipeline.aggregate.layout import (
     META_NAME,
@@ -38,6 +37,7 @@ from pipeline.aggregate.reduce import (
     memory_rows,
 )
 from pipeline.aggregate.shard_map import PartCache, _release_map_memory, build_parts
+from pipeline.defaults import DEFAULT_FINE_BINS
 from pipeline.progress import notice
 from pipeline.store import tablestore
 from pipeline.store.cache import _tables_cache
@@ -96,7 +96,7 @@ def aggregate(
             )
             notice(f"aggregate: summing the partial tables of {len(parts)} shard(s) ...", progress)
             meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir, kept)
-            from pipeline.analysis.positions import write_scores
+            from pipeline.aggregate.positions import write_scores
 
             # NLL, Brier, entropy sums, cached: metrics need not scan
             write_scores(runs, out, meta, progress=progress)

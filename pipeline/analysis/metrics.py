@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import MAX_BINS, PAPER_BINS
+from pipeline.defaults import MAX_BINS, PAPER_BINS
 from pipeline.core.registry import BIN_METRICS, PAPER_METRICS, RUN_METRICS
 from pipeline.store.manifest import RunError
 from pipeline.store.run import is_run, run_label
@@ -59,7 +59,7 @@ def metrics_for_run(
     From the tables alone (cost independent of N): smooth ECE on the top-1
     fine grid, adaptive ECE or its proven interval, and NLL, Brier and entropy
     from the sums kept in the user's cache at aggregation. With
-    `positions` (or a `scan`, a :class:`pipeline.analysis.positions.PositionScan`
+    `positions` (or a `scan`, a :class:`pipeline.aggregate.positions.PositionScan`
     of the run already made, which the report reuses) every position is read:
     exact adaptive ECE and relplot's smECE on the raw top-1 pairs.
     An incomplete run is refused unless `partial` (then ``complete: false``)."""
@@ -185,7 +185,7 @@ def _position_scores(run_dir, tables_dir, tables, ordered, scan, positions, quie
     """(scores, the run's kept sums, notes): smooth and adaptive ECE from
     every position (`positions` or a `scan`) or from the tables (adaptive ECE null
     where a boundary cuts a fine bin), NLL, Brier and entropy from the kept sums."""
-    from pipeline.analysis.positions import scan_run, scores_of_sums
+    from pipeline.aggregate.positions import scan_run, scores_of_sums
     from pipeline.core.metrics import smooth_ece_at
 
     if (positions or scan is not None) and is_run(run_dir):
@@ -264,7 +264,7 @@ def _run_sums(run_dir, tables_dir, quiet: bool) -> dict | None:
     sha256s), else one scan of the run's positions, then kept there.
     None for a tables directory without it."""
     from pipeline.aggregate import read_tables_meta
-    from pipeline.analysis import positions as pos
+    from pipeline.aggregate import positions as pos
 
     meta = read_tables_meta(tables_dir)
     sums = pos.read_scores(tables_dir, meta)
@@ -340,7 +340,7 @@ def add_floors(rows, at_m, mass_sq, cw_known: bool, fine_bins: int, from_shards=
 def _tail_bounds(tables_dir, tables):
     """Per-class tail allocation and capacity of tables holding an imported run, else None."""
     from pipeline.aggregate import read_tables_meta
-    from pipeline.store.tailbounds import read_tail_bounds
+    from pipeline.store.tablestore import read_tail_bounds
 
     return read_tail_bounds(tables_dir, read_tables_meta(tables_dir), tables.vocab_size)
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import PAPER_BINS
 from pipeline.core.binning import is_exact
+from pipeline.defaults import PAPER_BINS
 from pipeline.core.registry import PAPER_METRICS
 from pipeline.progress import notice
 
@@ -124,7 +124,7 @@ def prepare_run(
     top1 = None
     temperature = None
     if is_run(run_dir):
-        from pipeline.analysis.positions import scan_run
+        from pipeline.aggregate.positions import scan_run
 
         scan = scan_run(run_dir, progress=not quiet)
         notice("report: computing the metrics (the smooth ECE loads relplot first) ...", not quiet)

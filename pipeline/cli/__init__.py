@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from pipeline import __version__
+from pipeline.defaults import __version__
 from pipeline.progress import PROGRESS_ENV
 
 # name -> "module:attribute"; each module defines one click command.
@@ -25,7 +25,7 @@ _COMMANDS = {
     "train": "pipeline.cli.train:train",
     "corpus": "pipeline.cli.corpus:corpus",
     "default": "pipeline.cli.default:default",
-    "import": "pipeline.cli.importer:import_command",
+    "import": "pipeline.cli.ingest:import_command",
     "temperature": "pipeline.cli.temperature:temperature",
 }
 
@@ -73,17 +73,6 @@ def _debug_wanted() -> bool:
     return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0", "false", "no")
 
 
-def one_line(text: str) -> str:
-    """A message on one line: its lines joined by " | ", blank lines and caret
-    markers (DuckDB's "^" under a query) dropped, runs of spaces squeezed."""
-    parts = []
-    for line in str(text).splitlines():
-        line = " ".join(line.split())
-        if line and set(line) - {"^", " "}:
-            parts.append(line)
-    return " | ".join(parts)
-
-
 def error_line(err: BaseException) -> str:
     """One line for an unexpected exception: what happened, in words."""
     if (isinstance(err, OSError) and err.errno == errno.ENOSPC) or (
@@ -99,6 +88,8 @@ def error_line(err: BaseException) -> str:
         return f"permission denied: {err.filename or err}"
     if isinstance(err, MemoryError):
         return "out of memory (try smaller settings, e.g. --memory-limit or fewer bins)"
+    from pipeline.cli.common import one_line
+
     text = one_line(str(err))
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
@@ -129,6 +120,8 @@ class TopLevelGroup(LazyGroup):
             click.echo("Aborted!", err=True)
             sys.exit(1)
         except click.ClickException as err:
+            from pipeline.cli.common import one_line
+
             err.message = one_line(err.message)
             err.show()
             sys.exit(err.exit_code)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from pipeline import DEFAULT_FINE_BINS, MAX_BINS
 from pipeline.aggregate import DEFAULT_MEMORY_LIMIT, aggregate
 from pipeline.cli.common import ReadingCommand, resumable, shards_text
+from pipeline.defaults import DEFAULT_FINE_BINS, MAX_BINS
 from pipeline.progress import notice
 
 

@@ -13,6 +13,17 @@ from pipeline.errors import FulleceError
 from pipeline.store.jsonsafe import dumps
 
 
+def one_line(text: str) -> str:
+    """A message on one line: its lines joined by " | ", blank lines and caret
+    markers (DuckDB's "^" under a query) dropped, runs of spaces squeezed."""
+    parts = []
+    for line in str(text).splitlines():
+        line = " ".join(line.split())
+        if line and set(line) - {"^", " "}:
+            parts.append(line)
+    return " | ".join(parts)
+
+
 class Command(click.Command):
     """A fullece command, with the one handler of its errors: a FulleceError,
     or one of `reported` (errors of the libraries beneath that the command
@@ -24,8 +35,6 @@ class Command(click.Command):
         try:
             return super().invoke(ctx)
         except (FulleceError, *self.reported) as err:
-            from pipeline.cli import one_line
-
             raise click.ClickException(one_line(str(err))) from err
 
 

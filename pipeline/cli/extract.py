@@ -202,7 +202,7 @@ def _extract(*, out, quiet, slice_, **options) -> None:
     from pipeline.store.schema import SchemaVersionError
 
     try:
-        from pipeline.extract.run import run_extraction
+        from pipeline.extract.loop import run_extraction
 
         manifest = run_extraction(
             options.pop("model"),

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from pipeline import MAX_BINS, PAPER_BINS
 from pipeline.cli.common import ReadingCommand, dumps_json
+from pipeline.defaults import MAX_BINS, PAPER_BINS
 
 # The analysis modules are imported inside each command: `fullece metrics` never
 # loads the compare code, nor `fullece compare` the metrics formatting.

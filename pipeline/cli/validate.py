@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
+from pipeline.aggregate.validate import find_problems, table_notices
 from pipeline.cli.common import Command
 from pipeline.store.manifest import load_manifest
-from pipeline.store.validate import find_problems, table_notices
 
 
 @click.command("validate", cls=Command)

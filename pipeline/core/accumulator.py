@@ -23,7 +23,6 @@ from functools import partial
 
 import numpy as np
 
-from pipeline import DEFAULT_FINE_BINS
 from pipeline.core.binning import bin1_threshold, check_n_bins, fine_bin_index
 from pipeline.core.checks import (
     InputError,
@@ -36,6 +35,7 @@ from pipeline.core.checks import (
 )
 from pipeline.core.probability import probs_of_record
 from pipeline.core.tables import CLASS_BIN_VALUES, SEQ_BIN_VALUES, BinTables, SparseBins
+from pipeline.defaults import DEFAULT_FINE_BINS
 
 # Rows per block: the unit of conversion (logits -> probabilities of record,
 # non-contiguous or non-float32 input -> contiguous float32) before the kernel.

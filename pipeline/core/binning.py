@@ -35,7 +35,7 @@ def fine_bin_index(probs, n_bins: int) -> np.ndarray:
     """1-based bin of each float32 probability of record at M = n_bins.
 
     A torch tensor is binned on its own device by the same formula and gives
-    an int64 tensor (the in-loop metric, pipeline.torchmetrics); anything
+    an int64 tensor (the in-loop metric, pipeline.integrations.torchmetrics); anything
     else gives a numpy int32 array.
     """
     return _fine_bin_index(probs, check_n_bins(n_bins))

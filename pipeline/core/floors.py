@@ -213,7 +213,7 @@ def full_ece_floor_at(p_sum_by_bin, mass_sq_by_bin, positions: int) -> tuple[flo
 
 def floor_bins_of(fine_bins: int) -> list[int]:
     """The M's whose Σ_i q_im² is kept at aggregation: the paper's M's dividing F."""
-    from pipeline import PAPER_BINS
+    from pipeline.defaults import PAPER_BINS
 
     return [m for m in PAPER_BINS if fine_bins % m == 0]
 

@@ -18,9 +18,9 @@ from functools import cached_property
 
 import numpy as np
 
-from pipeline import PAPER_BINS
 from pipeline.core.binning import CoarseGrid, check_n_bins, coarse_grid, tail_top_bin
 from pipeline.core.tables import BinTables, SparseBins
+from pipeline.defaults import PAPER_BINS
 
 __all__ = [
     "ece_formula",

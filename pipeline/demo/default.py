@@ -38,7 +38,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from pipeline import PAPER_BINS
+from pipeline.defaults import PAPER_BINS
 from pipeline.errors import FulleceError
 from pipeline.store.atomic import write_json
 

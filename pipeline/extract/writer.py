@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline import __version__
+from pipeline.defaults import __version__
 from pipeline.extract.errors import ExtractError, NonFiniteLogitsError
 from pipeline.extract.kernel import ClassTail, score_rows, tau_threshold
 from pipeline.extract.rundir import (

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline import DEFAULT_FINE_BINS
+from pipeline.defaults import DEFAULT_FINE_BINS
 from pipeline.ingest.convert import EntryBatch, IngestError
 
 REQUIRED = ("doc_id", "label", "ids", "logprobs")

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipeline import __version__
+from pipeline.defaults import __version__
 from pipeline.ingest.convert import ClassTailSums, EntryBatch, IngestError, convert_batch
 from pipeline.store.manifest import (
     MANIFEST_NAME,

@@ -16,7 +16,7 @@ How it uses the Trainer's hooks (checked against transformers 5.x,
 ``Trainer.evaluation_loop``): ``preprocess_logits_for_metrics(logits, labels)``
 is called on every evaluation batch, on the batch's device and before any
 gathering across processes. The tracker reduces the batch there into a
-:class:`~pipeline.torchmetrics.TokenCalibrationError` and hands back one zero
+:class:`~pipeline.integrations.torchmetrics.TokenCalibrationError` and hands back one zero
 per sequence, so the ``[N, T, K]`` logits are never kept nor gathered. After
 the last batch, ``compute_metrics`` computes the values (summed over all
 processes by torch.distributed when there are several) and resets the metric
@@ -37,9 +37,9 @@ is a multiple of (processes x per-device batch size) for exact values there.
 
 from __future__ import annotations
 
-from pipeline import PAPER_BINS
+from pipeline.defaults import PAPER_BINS
 from pipeline.integrations.names import metric_key
-from pipeline.torchmetrics import TokenCalibrationError
+from pipeline.integrations.torchmetrics import TokenCalibrationError
 
 __all__ = ["CalibrationTracker"]
 
@@ -51,7 +51,7 @@ class CalibrationTracker:
         vocab_size: K, the width of the model's logits
             (``model.config.vocab_size``, not the tokenizer's length).
         n_bins, classwise, ignore_index: as for
-            :class:`~pipeline.torchmetrics.TokenCalibrationError` (and its
+            :class:`~pipeline.integrations.torchmetrics.TokenCalibrationError` (and its
             ``metric=``, among ``metric_kwargs``).
         shift_labels: score logits at t against labels at t + 1 (causal LM);
             False when the labels are already aligned with the logits.

@@ -12,7 +12,7 @@ import os
 import stat
 from pathlib import Path
 
-from pipeline.store.run import AggregateError
+from pipeline.store.manifest import AggregateError
 
 CACHE_ENV = "XDG_CACHE_HOME"
 

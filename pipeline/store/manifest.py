@@ -40,6 +40,10 @@ class RunError(FulleceError):
     """A run directory is missing, incomplete or inconsistent."""
 
 
+class AggregateError(RunError):
+    """A run, shard or table that cannot be read or aggregated; the message names the file."""
+
+
 def manifest_path(run_dir) -> Path:
     return Path(run_dir) / MANIFEST_NAME
 

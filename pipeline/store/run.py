@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.store.manifest import RunError, load_manifest
+from pipeline.store.manifest import AggregateError, RunError, load_manifest
 from pipeline.store.schema import (
     SCHEMA_VERSION,
     SchemaVersionError,
@@ -29,10 +29,6 @@ from pipeline.store.schema import (
 
 # Rows of logits read from Zarr at once (bounded in bytes, see _logit_block_rows).
 _LOGIT_BLOCK_BYTES = 64 << 20
-
-
-class AggregateError(RunError):
-    """A run, shard or table that cannot be read or aggregated; the message names the file."""
 
 
 @dataclass
@@ -133,6 +129,15 @@ def inside_run(run_dir: Path, rel) -> Path:
             f"{where}: shard path {rel!r} resolves to {real}, outside the run directory"
         )
     return full
+
+
+def run_files(run) -> list[Path]:
+    """manifest.json and every shard file a run's manifest lists (a Zarr store
+    as its directory: every file and directory below it)."""
+    files = [run.run_dir / "manifest.json"]
+    for shard in run.shards:
+        files += [inside_run(run.run_dir, rel) for rel in sorted(shard.entry.get("files") or {})]
+    return files
 
 
 def manifest_shard_problems(run_dir, manifest: dict) -> list[str]:
@@ -745,7 +750,7 @@ def require_complete(run_dir, partial: bool = False) -> dict:
             "pass --partial to measure what is there"
         )
     if is_run(run_dir):
-        from pipeline.store.stamp import is_stamped, run_files, stamp, stamp_name
+        from pipeline.store.stamp import is_stamped, stamp, stamp_name
 
         # named from the files' stat before they are read: a file changed
         # meanwhile no longer matches the stamp (pipeline.store.stamp)

@@ -58,7 +58,7 @@ def _fingerprint(path: Path) -> list:
 def stamp_name(kind: str, args, paths) -> str | None:
     """The stamp's name for check `kind` with `args` over `paths` as they are
     now; None when a file is missing or changed too recently to be stamped."""
-    from pipeline import __version__
+    from pipeline.defaults import __version__
 
     found = []
     for path in paths:
@@ -100,14 +100,3 @@ def stamp(name: str | None) -> None:
         os.close(fd)
     except (OSError, ValueError):
         pass
-
-
-def run_files(run) -> list[Path]:
-    """manifest.json and every shard file a run's manifest lists (a Zarr store
-    as its directory: every file and directory below it)."""
-    from pipeline.store.run import inside_run
-
-    files = [run.run_dir / "manifest.json"]
-    for shard in run.shards:
-        files += [inside_run(run.run_dir, rel) for rel in sorted(shard.entry.get("files") or {})]
-    return files

@@ -20,13 +20,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import __version__
 from pipeline.core.arrow_numpy import column_numpy
 from pipeline.core.binning import m_exact_from_tail_max
 from pipeline.core.tables import BinTables
+from pipeline.defaults import __version__
 from pipeline.errors import FulleceError
 from pipeline.store import atomic
 from pipeline.store.schema import SCHEMA_VERSION, check_table_schema, check_version
+from pipeline.store.tailbounds import TAIL_BOUNDS_KEY, TAIL_BOUNDS_NAME
 
 TABLE_NAMES = ("class_bins", "top1_bins", "tokens", "seq_bins")
 META_NAME = "meta.json"
@@ -135,8 +136,6 @@ def table_checksums(directory) -> dict[str, str]:
 
 def _meta_checksums(directory: Path, meta: dict) -> dict[str, str]:
     """The four tables' sha256, plus tail_bounds.parquet's when the tables have one."""
-    from pipeline.store.tailbounds import TAIL_BOUNDS_KEY, TAIL_BOUNDS_NAME
-
     files = table_checksums(directory)
     if meta.get("class_tail_known", True) is False:
         files[TAIL_BOUNDS_KEY] = cached_sha256(directory / TAIL_BOUNDS_NAME)
@@ -194,8 +193,6 @@ def _is_int(value) -> bool:
 
 
 def _check_meta_fields(path: Path, meta: dict) -> None:
-    from pipeline.store.tailbounds import TAIL_BOUNDS_NAME
-
     def bad(key, why):
         raise TablesError(f"{path}: field {key!r} = {meta.get(key)!r}: {why}")
 
@@ -249,8 +246,6 @@ def checksum_problems(directory, meta: dict | None = None) -> list[str]:
             f"{directory / META_NAME}: records no checksums of the table files "
             "(tables from an older fullece): re-run `fullece aggregate`"
         ]
-    from pipeline.store.tailbounds import TAIL_BOUNDS_KEY, TAIL_BOUNDS_NAME
-
     problems = []
     names = [(name, f"{name}.parquet") for name in TABLE_NAMES]
     if meta.get("class_tail_known", True) is False:
@@ -595,3 +590,42 @@ class InputDigest:
                 )
                 expect(f"seq_bins.{col} per document", got.astype(np.int64), doc_counts)
         return found
+
+
+def read_tail_bounds(tables_dir, meta: dict, vocab_size: int):
+    """(tail_mass float64[K], tail_cap float64[K]) of tables whose per-class tail
+    is unknown, or None when every run's per-class tail is known.
+
+    The file is always TABLES/tail_bounds.parquet (meta.json cannot point
+    elsewhere), read from the bytes checked against meta.json's sha256, and
+    its values are range-checked."""
+    if meta.get("class_tail_known", True):
+        return None
+    meta_path = Path(tables_dir) / META_NAME
+    if meta.get("tail_bounds", TAIL_BOUNDS_NAME) != TAIL_BOUNDS_NAME:
+        raise TablesError(
+            f"{meta_path}: field 'tail_bounds' = {meta.get('tail_bounds')!r}: expected "
+            f"{TAIL_BOUNDS_NAME!r}, a file of the tables directory"
+        )
+    path = Path(tables_dir) / TAIL_BOUNDS_NAME
+    recorded = (meta.get("files") or {}).get(TAIL_BOUNDS_KEY)
+    if not recorded:
+        raise TablesError(
+            f"{meta_path}: field 'files' records no sha256 of {TAIL_BOUNDS_NAME} "
+            "(re-run `fullece aggregate`)"
+        )
+    table = _read_verified_file(path, recorded)
+    ids = column_numpy(table.column("class_id"))
+    mass = column_numpy(table.column("tail_mass"))
+    cap = column_numpy(table.column("tail_cap"))
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size or np.unique(ids).size != ids.size):
+        raise TablesError(f"{path}: class_id outside [0, {vocab_size}) or repeated")
+    if not (np.all(np.isfinite(mass)) and np.all(np.isfinite(cap))):
+        raise TablesError(f"{path}: tail_mass or tail_cap not finite")
+    if mass.size and (mass.min() < 0 or cap.min() < 0):
+        raise TablesError(f"{path}: negative tail_mass or tail_cap")
+    tail_mass = np.zeros(vocab_size, dtype=np.float64)
+    tail_cap = np.zeros(vocab_size, dtype=np.float64)
+    tail_mass[ids] = mass
+    tail_cap[ids] = cap
+    return tail_mass, tail_cap

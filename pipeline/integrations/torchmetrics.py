@@ -32,7 +32,6 @@ import numpy as np
 import torch
 from torchmetrics import Metric
 
-from pipeline import DEFAULT_FINE_BINS, PAPER_BINS
 from pipeline.core.binning import bin1_threshold, check_n_bins, coarsen_bins, fine_bin_index
 from pipeline.core.checks import InputError
 from pipeline.core.floors import floor_of_cells, full_ece_floor_at
@@ -44,6 +43,7 @@ from pipeline.core.metrics import (
     l2_formula,
 )
 from pipeline.core.probability import probs_of_record
+from pipeline.defaults import DEFAULT_FINE_BINS, PAPER_BINS
 from pipeline.integrations.names import FIGURES, metric_key
 
 __all__ = ["TokenCalibrationError", "fine_grid_for"]

@@ -166,8 +166,8 @@ def shard_data_problems(shard) -> list[str]:
     kept + tail = rows x K; logits finite in the full store)."""
     import tempfile
 
-    from pipeline import DEFAULT_FINE_BINS
     from pipeline.aggregate.shard_map import _aggregate_full_shard, _aggregate_topk_shard
+    from pipeline.defaults import DEFAULT_FINE_BINS
     from pipeline.store.run import AggregateError, iter_positions, open_positions, value_columns
 
     try:
