@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 import pipeline.core.binning as binning
 import pipeline.core.metrics as core_metrics
-from pipeline.defaults import PAPER_BINS
 from pipeline.cli.metrics import metrics
+from pipeline.defaults import PAPER_BINS
 from tests.helpers.analysis_runs import dense_case, write_run
 
 ROOMS = {core_metrics.__file__: "metrics", binning.__file__: "binning"}

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.defaults import MAX_BINS, PAPER_BINS
 from pipeline.core.registry import BIN_METRICS, PAPER_METRICS, RUN_METRICS
+from pipeline.defaults import MAX_BINS, PAPER_BINS
 from pipeline.store.manifest import RunError
 from pipeline.store.run import is_run, run_label
 
@@ -263,8 +263,8 @@ def _run_sums(run_dir, tables_dir, quiet: bool) -> dict | None:
     the user's cache (written at aggregation, keyed by the verified shards'
     sha256s), else one scan of the run's positions, then kept there.
     None for a tables directory without it."""
-    from pipeline.aggregate import read_tables_meta
     from pipeline.aggregate import positions as pos
+    from pipeline.aggregate import read_tables_meta
 
     meta = read_tables_meta(tables_dir)
     sums = pos.read_scores(tables_dir, meta)

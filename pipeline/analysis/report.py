@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.binning import is_exact
-from pipeline.defaults import PAPER_BINS
 from pipeline.core.registry import PAPER_METRICS
+from pipeline.defaults import PAPER_BINS
 from pipeline.progress import notice
 
 RELIABILITY_BINS = 10
