@@ -15,11 +15,11 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline import DEFAULT_FINE_BINS
-from pipeline.aggregate.layout import META_NAME, TABLE_NAMES, default_tables_dir
 from pipeline.store import tablestore
 from pipeline.store.run import AggregateError, Run, check_shard, iter_positions, open_runs
 from pipeline.store.schema import SCHEMA_VERSION, SchemaVersionError
 from pipeline.store.stamp import is_stamped, run_files, stamp, stamp_name
+from pipeline.store.tablestore import META_NAME, TABLE_NAMES, run_tables_dir
 from pipeline.store.tailbounds import TAIL_BOUNDS_NAME
 
 
@@ -48,7 +48,7 @@ def tables_status(
     """
     runs = open_runs(run_dirs)
     if tables_dir is None:
-        tables_dir = default_tables_dir(runs[0].run_dir)
+        tables_dir = run_tables_dir(runs[0].run_dir)
     tables_dir = Path(tables_dir)
     meta_path = tables_dir / META_NAME
     if not meta_path.exists():

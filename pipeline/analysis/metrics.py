@@ -210,7 +210,7 @@ def metrics_for_run(
                 iv.pop("full_ece_point", None)
                 iv.pop("full_ece_bias", None)
         result["bootstrap"] = boot
-    label = run_label(run_dir) if is_run(run_dir) else run_dir.resolve().name
+    label = run_label(run_dir)
     if not coverage["complete"]:
         notes.insert(0, f"partial run (complete: false): {describe_coverage(coverage)}")
     return {

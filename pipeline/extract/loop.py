@@ -33,6 +33,7 @@ from pipeline.extract.settings import (
 )
 from pipeline.progress import notice, size_text
 from pipeline.store.manifest import file_sha256
+from pipeline.store.run import dir_label
 
 
 def run_extraction(
@@ -181,7 +182,7 @@ def run_extraction(
         fresh = new_manifest(
             vocab_size=vocab,
             store=store,
-            label=label or model_dir.resolve().name,
+            label=label or dir_label(model_dir),  # an extraction is named after its model
             settings=settings,
             model={
                 "path": str(model_dir.resolve()),
