@@ -1,1 +1,2 @@
-"""Hooks for other people's training loops (each module imports its framework lazily)."""
+"""Hooks for other people's training loops (each module imports its framework lazily),
+and what fullece reads of their models' configuration (hf_config)."""
