@@ -127,22 +127,19 @@ def run_extraction(
         # -- model load, and the settings that depend on the model
         lm, vocab = hf.load_model(model_dir, device=torch_dev, dtype=dtype)
         tok = hf.load_tokenizer(tok_dir)
-        settings = _resolve_settings(
-            lm,
-            vocab,
-            store=store,
-            k=k,
-            tau=tau,
-            max_length=max_length,
-            stride=stride,
-            batch_size=batch_size,
-            device=dev,
-            dtype=dtype,
-            shard_positions=shard_positions,
-            slice_=(slice_i, slice_n),
-            chunk_elements=chunk_elements,
-            world=world,
-        )
+        given = {
+            "store": store,
+            "k": int(k),
+            "tau": float(tau),
+            "max_length": max_length,
+            "stride": stride,
+            "batch_size": int(batch_size),
+            "device": dev,
+            "dtype": dtype,
+            "shard_positions": shard_positions,
+            "slice": [slice_i, slice_n],
+        }
+        settings = _resolve_settings(lm, vocab, given, chunk_elements, world)
         fresh = _fresh_manifest(
             lm, vocab, config, settings, model_dir, tok_dir, source, label, announce
         )
@@ -225,30 +222,16 @@ def _open_corpus(corpus: Path, corpus_format, text_field, slice_i, slice_n, anno
     return _Corpus(corpus, fmt, text_field, n_docs, slice_i, slice_n, slice_docs)
 
 
-def _resolve_settings(
-    lm,
-    vocab: int,
-    *,
-    store,
-    k,
-    tau,
-    max_length,
-    stride,
-    batch_size,
-    device,
-    dtype,
-    shard_positions,
-    slice_,
-    chunk_elements,
-    world,
-) -> dict:
-    """The manifest's ``settings``: the arguments, checked against the loaded
-    model (K, context length) and with their defaults filled in."""
+def _resolve_settings(lm, vocab: int, given: dict, chunk_elements, world: int) -> dict:
+    """The manifest's ``settings``: the arguments as `given`, checked against
+    the loaded model (K, context length) and with their defaults filled in."""
     from pipeline.extract import model as hf
 
-    if int(k) > vocab:
+    k, store = given["k"], given["store"]
+    if k > vocab:
         raise ExtractError(f"--k {k} is larger than the model's output width K = {vocab}")
     ctx = hf.context_length(lm)
+    max_length = given["max_length"]
     if max_length is None:
         max_length = min(ctx or DEFAULT_MAX_LENGTH_CAP, DEFAULT_MAX_LENGTH_CAP)
     max_length = int(max_length)
@@ -256,26 +239,22 @@ def _resolve_settings(
         raise ExtractError(f"--max-length {max_length}: must be >= 2")
     if ctx is not None and max_length > ctx:
         raise ExtractError(f"--max-length {max_length} exceeds the model's context of {ctx} tokens")
+    stride = given["stride"]
     stride = int(stride) if stride is not None else max(1, max_length // 2)
     if not 1 <= stride < max_length:
         raise ExtractError(f"--stride {stride}: need 1 <= stride < max-length ({max_length})")
+    shard_positions = given["shard_positions"]
     if shard_positions is None:
         shard_positions = default_shard_positions(store, vocab)
     shard_positions = int(shard_positions)
     if shard_positions < 1:
         raise ExtractError(f"--shard-positions {shard_positions}: must be >= 1")
     return {
-        "store": store,
-        "k": int(k),
-        "tau": float(tau),
+        **given,
         "max_length": max_length,
         "stride": stride,
-        "batch_size": int(batch_size),
-        "device": device,
-        "dtype": dtype,
         "shard_positions": shard_positions,
-        "slice": list(slice_),
-        "chunk_rows": default_chunk_rows(device, vocab, chunk_elements),
+        "chunk_rows": default_chunk_rows(given["device"], vocab, chunk_elements),
         "world_size": world,
     }
 
