@@ -192,7 +192,7 @@ class RunWriter:
         (self.out / SHARDS_DIR).mkdir(exist_ok=True)
         self._skip = self.committed_positions if self._public else 0
         self._next_index = len(self.manifest["shards"])
-        self._sink = ShardWriter(
+        self._shard_writer = ShardWriter(
             self.out,
             self.manifest,
             self.store,
@@ -259,7 +259,7 @@ class RunWriter:
         # the writer thread may not have committed the previous shard yet: count here
         index = self._next_index if index is None else int(index)
         self._next_index = index + 1
-        self._submit(self._sink.begin, index, rows)
+        self._submit(self._shard_writer.begin, index, rows)
         self._shard_open = True
         self._shard_rows = 0
         self._tails = None
@@ -273,7 +273,7 @@ class RunWriter:
             mass = np.zeros(self.vocab, dtype=np.float64)
         else:
             count, mass = self._tails.to_numpy()
-        self._submit(self._sink.commit, dict(meta or self._shard_meta()), count, mass)
+        self._submit(self._shard_writer.commit, dict(meta or self._shard_meta()), count, mass)
         self._shard_open = False
         self._shard_docs = None
 
@@ -365,7 +365,7 @@ class RunWriter:
             ) from None
         scored["doc_id"], scored["offset"], scored["window"] = doc, off, win
         scored["label"] = y.cpu().numpy().astype(np.int32)
-        self._submit(self._sink.add, scored)
+        self._submit(self._shard_writer.add, scored)
         self._shard_rows += n
         if self._public:
             lo, hi = int(doc.min()), int(doc.max())
@@ -428,7 +428,7 @@ class RunWriter:
                     except BaseException:  # noqa: BLE001 - the caller's error is the one raised
                         pass
                 self._pending.clear()
-                self._executor.submit(self._sink.abort).result()
+                self._executor.submit(self._shard_writer.abort).result()
                 self._executor.shutdown(wait=True)
         finally:
             if self._bar is not None:
