@@ -110,9 +110,9 @@ def write_part_tables(directory: Path, tables: dict[str, pa.Table]) -> None:
     of its table, lz4 and no statistics, since a partial table is read once, by
     the reduce: fast to write beats small."""
     for name in TABLE_NAMES:
-        schema = TABLE_SCHEMAS[name]
+        schema, table = TABLE_SCHEMAS[name], tables[name]
         pq.write_table(
-            tables[name].cast(schema),
+            table if table.schema == schema else table.cast(schema),
             str(Path(directory) / f"{name}.parquet"),
             compression="lz4",
             use_dictionary=False,
