@@ -332,9 +332,9 @@ def test_resume_after_partial_run_is_identical(models, corpus, tmp_path, monkeyp
     ref = run_extraction(models["gpt2"], corpus, tmp_path / "ref", **settings)
     assert len(ref["shards"]) >= 4
     calls = {"n": 0}
-    import pipeline.extract.sink as sink_mod
+    import pipeline.store.writer as sink_mod
 
-    orig = sink_mod.ShardSink.commit
+    orig = sink_mod.ShardWriter.commit
 
     def commit_then_die(self, *args):
         out = orig(self, *args)
@@ -345,10 +345,10 @@ def test_resume_after_partial_run_is_identical(models, corpus, tmp_path, monkeyp
             raise KeyboardInterrupt
         return out
 
-    monkeypatch.setattr(sink_mod.ShardSink, "commit", commit_then_die)
+    monkeypatch.setattr(sink_mod.ShardWriter, "commit", commit_then_die)
     with pytest.raises(KeyboardInterrupt):
         run_extraction(models["gpt2"], corpus, tmp_path / "run", **settings)
-    monkeypatch.setattr(sink_mod.ShardSink, "commit", orig)
+    monkeypatch.setattr(sink_mod.ShardWriter, "commit", orig)
     assert len(load_manifest(tmp_path / "run")["shards"]) == 2
     done = run_extraction(models["gpt2"], corpus, tmp_path / "run", **settings)
     _assert_same_shards(tmp_path / "ref", ref, tmp_path / "run", done)

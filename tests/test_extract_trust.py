@@ -39,9 +39,9 @@ def corpus(tmp_path_factory):
 
 def _interrupted(model, corpus, out, monkeypatch, after=1, **settings):
     """Run until `after` shards are committed, then die as a kill would."""
-    import pipeline.extract.sink as sink_mod
+    import pipeline.store.writer as sink_mod
 
-    orig = sink_mod.ShardSink.commit
+    orig = sink_mod.ShardWriter.commit
     calls = {"n": 0}
 
     def commit_then_die(self, *args):
@@ -51,10 +51,10 @@ def _interrupted(model, corpus, out, monkeypatch, after=1, **settings):
             raise KeyboardInterrupt
         return entry
 
-    monkeypatch.setattr(sink_mod.ShardSink, "commit", commit_then_die)
+    monkeypatch.setattr(sink_mod.ShardWriter, "commit", commit_then_die)
     with pytest.raises(KeyboardInterrupt):
         run_extraction(model, corpus, out, **settings)
-    monkeypatch.setattr(sink_mod.ShardSink, "commit", orig)
+    monkeypatch.setattr(sink_mod.ShardWriter, "commit", orig)
     return load_manifest(out)
 
 

@@ -332,6 +332,37 @@ def test_vllm_forms_agree_and_validate(tmp_path):
         import_vllm([tmp_path / "a.jsonl"], tmp_path / "run-a.jsonl", vocab_size=K + 1)
 
 
+def test_import_and_extract_share_one_run_directory_writer(tmp_path, monkeypatch):
+    """Every shard of an import is committed by the writer that RunWriter (and so
+    `fullece extract`) commits with, and its manifest entry has the same fields."""
+    import torch
+
+    from pipeline.extract import RunWriter
+    from pipeline.store import writer as store_writer
+
+    commits = []
+    commit = store_writer.ShardWriter.commit
+
+    def recorded(self, *args, **kwargs):
+        commits.append(commit(self, *args, **kwargs))
+        return commits[-1]
+
+    monkeypatch.setattr(store_writer.ShardWriter, "commit", recorded)
+    write_vllm(tmp_path / "a.jsonl", _random_docs(seed=4, n_docs=6), 5)
+    _, imported, _ = import_vllm(
+        [tmp_path / "a.jsonl"], tmp_path / "imported", vocab_size=K, shard_positions=10
+    )
+    assert len(imported["shards"]) >= 2
+    assert commits == imported["shards"]
+    commits.clear()
+    with RunWriter(tmp_path / "written", vocab_size=K, store="topk", k=4) as writer:
+        writer.add(torch.randn(7, K), torch.arange(7) % K)
+    written = load_manifest(tmp_path / "written")
+    assert commits == written["shards"]
+    # an extracted shard also counts its documents (`documents`, `skipped`)
+    assert set(imported["shards"][0]) == set(written["shards"][0]) - {"documents", "skipped"}
+
+
 def test_vllm_columns_follow_the_rules(tmp_path):
     """Probabilities, top-1, tail count/mass/max of each row, against a direct computation."""
     docs = _random_docs(seed=3, n_docs=3)

@@ -61,3 +61,26 @@ def test_wrong_columns_are_named(tmp_path):
     pq.write_table(pa.table({"class_id": [1]}), tmp_path / "tokens.parquet")
     with pytest.raises(ValueError, match="tokens.parquet: not a tokens table: missing column"):
         load_tables(tmp_path)
+
+
+def test_where_the_tables_are_is_answered_once(tmp_path, monkeypatch):
+    """tables_dir_of: a tables directory is itself, a run directory (with or
+    without tables yet) its tables/, anything else itself; run_label: the
+    manifest's label, else the resolved directory name (``.`` included)."""
+    from pipeline.store.run import dir_label, run_label
+    from pipeline.store.tablestore import TABLES_DIR, run_tables_dir, tables_dir_of
+
+    run = tmp_path / "run-a"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"label": "named", "shards": []}))
+    assert tables_dir_of(run) == run_tables_dir(run) == run / TABLES_DIR
+    tables = tmp_path / "merged"
+    tables.mkdir()
+    (tables / "meta.json").write_text("{}")
+    assert tables_dir_of(tables) == tables
+    assert tables_dir_of(tmp_path / "nothing") == tmp_path / "nothing"
+    assert run_label(run, {"label": "named"}) == "named"
+    assert run_label(run, {"label": ""}) == run_label(run) == "run-a"  # no valid manifest
+    assert run_label(tables) == dir_label(tables) == "merged"
+    monkeypatch.chdir(tables)
+    assert run_label(".") == "merged"

@@ -3,12 +3,11 @@
 Rooms: ``tables`` (``aggregate``, ``ensure_tables``: the front door),
 ``shard_map`` (one shard -> partial tables), ``reduce`` (partial tables -> the
 tables), ``checks`` (mergeable runs, current tables, agreement with the
-shards), ``layout`` (where tables, parts and scratch files go), ``cache`` (the
+shards), ``layout`` (where parts and scratch files go), ``cache`` (the
 user's private cache); ``sql`` holds the pure SQL builders.
 """
 
 from pipeline.aggregate.checks import tables_status
-from pipeline.aggregate.layout import TABLE_NAMES, default_tables_dir, tables_dir_of
 from pipeline.aggregate.reduce import DEFAULT_MEMORY_LIMIT
 from pipeline.aggregate.shard_map import build_parts
 from pipeline.aggregate.sql import bin_sql
@@ -20,6 +19,7 @@ from pipeline.aggregate.tables import (
     read_tables_meta,
 )
 from pipeline.store.run import AggregateError, iter_logit_blocks, open_run, open_runs
+from pipeline.store.tablestore import TABLE_NAMES, run_tables_dir, tables_dir_of
 
 __all__ = [
     "DEFAULT_MEMORY_LIMIT",
@@ -29,13 +29,13 @@ __all__ = [
     "aggregate_runs",
     "bin_sql",
     "build_parts",
-    "default_tables_dir",
     "ensure_tables",
     "iter_logit_blocks",
     "load_run_tables",
     "open_run",
     "open_runs",
     "read_tables_meta",
+    "run_tables_dir",
     "tables_dir_of",
     "tables_status",
 ]

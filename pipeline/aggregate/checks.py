@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipeline.aggregate.layout import META_NAME, TABLE_NAMES, default_tables_dir
 from pipeline.defaults import DEFAULT_FINE_BINS
 from pipeline.store import tablestore
 from pipeline.store.run import (
@@ -27,6 +26,7 @@ from pipeline.store.run import (
 )
 from pipeline.store.schema import SCHEMA_VERSION, SchemaVersionError
 from pipeline.store.stamp import is_stamped, stamp, stamp_name
+from pipeline.store.tablestore import META_NAME, TABLE_NAMES, run_tables_dir
 from pipeline.store.tailbounds import TAIL_BOUNDS_NAME
 
 
@@ -55,7 +55,7 @@ def tables_status(
     """
     runs = open_runs(run_dirs)
     if tables_dir is None:
-        tables_dir = default_tables_dir(runs[0].run_dir)
+        tables_dir = run_tables_dir(runs[0].run_dir)
     tables_dir = Path(tables_dir)
     meta_path = tables_dir / META_NAME
     if not meta_path.exists():

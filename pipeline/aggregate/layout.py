@@ -1,6 +1,6 @@
-"""Where the aggregate stage keeps things: the tables directory of a run
-(``RUN_DIR/tables``) or of ``--out DIR``, the per-shard partial tables under
-``parts/``, the scratch directory for spill files, and the checks on ``--out``.
+"""Where the aggregate stage keeps things: the per-shard partial tables under
+``parts/``, the scratch directory for spill files, and the checks on ``--out``
+(where the tables themselves are: pipeline.store.tablestore.tables_dir_of).
 """
 
 from __future__ import annotations
@@ -11,20 +11,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipeline.store import tablestore
 from pipeline.store.run import AggregateError, Run
-from pipeline.store.schema import CLASS_BINS, SEQ_BINS, TOKENS, TOP1_BINS
+from pipeline.store.tablestore import TABLES_DIR
 
-TABLE_NAMES = tablestore.TABLE_NAMES
-TABLE_SCHEMAS = {
-    "class_bins": CLASS_BINS,
-    "top1_bins": TOP1_BINS,
-    "tokens": TOKENS,
-    "seq_bins": SEQ_BINS,
-}
-META_NAME = tablestore.META_NAME
 PART_META = "part.json"
-TABLES_DIR = "tables"
 PARTS_DIR = "parts"
 
 
@@ -45,20 +35,6 @@ def parts_root(run: Run, out: Path | None) -> Path:
         raise AggregateError(f"{run.run_dir}: not writable; give --out DIR")
     tag = hashlib.sha256(str(run.run_dir.resolve()).encode()).hexdigest()[:12]
     return Path(out) / PARTS_DIR / f"{run.run_dir.name}-{tag}"
-
-
-def default_tables_dir(run_dir) -> Path:
-    return Path(run_dir) / TABLES_DIR
-
-
-def tables_dir_of(path) -> Path:
-    """A tables directory (has meta.json) or a run directory's tables/."""
-    path = Path(path)
-    if (path / META_NAME).exists():
-        return path
-    if (path / TABLES_DIR / META_NAME).exists() or (path / "manifest.json").exists():
-        return path / TABLES_DIR
-    return path
 
 
 def _check_out_dir(out: Path, runs: list[Run]) -> None:

@@ -16,11 +16,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.aggregate.checks import _manifest_sha256, _run_inputs
-from pipeline.aggregate.layout import TABLE_NAMES, TABLE_SCHEMAS
 from pipeline.aggregate.shard_map import PartCache, _release_map_memory
 from pipeline.aggregate.sql import reduce_sql, sql_str, tail_bounds_sql
 from pipeline.store import atomic, tablestore
 from pipeline.store.run import AggregateError, Run
+from pipeline.store.schema import TABLE_SCHEMAS
+from pipeline.store.tablestore import TABLE_NAMES
 from pipeline.store.tailbounds import TAIL_BOUNDS, TAIL_BOUNDS_NAME, class_tail_known
 
 DEFAULT_MEMORY_LIMIT = "1GB"

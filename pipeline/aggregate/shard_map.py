@@ -29,9 +29,8 @@ import os
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from pipeline.aggregate.layout import PART_META, TABLE_NAMES, TABLE_SCHEMAS, parts_root
+from pipeline.aggregate.layout import PART_META, parts_root
 from pipeline.store import atomic, tablestore
 from pipeline.store.run import (
     AggregateError,
@@ -43,7 +42,8 @@ from pipeline.store.run import (
     read_class_tail,
     read_positions,
 )
-from pipeline.store.schema import SCHEMA_VERSION
+from pipeline.store.schema import SCHEMA_VERSION, TABLE_SCHEMAS
+from pipeline.store.tablestore import TABLE_NAMES
 
 _TAIL_COLUMNS = ("tail_count", "tail_mass", "tail_max")
 
@@ -133,16 +133,7 @@ def _aggregate_topk_shard(
     }
     with atomic.atomic_path(part_dir) as tmp:
         tmp.mkdir()
-        for name in TABLE_NAMES:
-            pq.write_table(
-                tables[name],
-                str(tmp / f"{name}.parquet"),
-                # a partial table is read once by the reduce: fast to write beats small
-                compression="lz4",
-                use_dictionary=False,
-                column_encoding=tablestore.column_encodings(tables[name].schema),
-                write_statistics=False,
-            )
+        tablestore.write_part_tables(tmp, tables)
         meta = _part_meta(shard, fine_bins, positions=shard.rows, tail_max=state.tail_max)
         atomic.write_json(tmp / PART_META, meta)
     if kept is not None:
@@ -188,14 +179,7 @@ def _aggregate_full_shard(shard: Shard, part_dir: Path, fine_bins: int, bar=None
     arrow = tables.to_arrow()
     with atomic.atomic_path(part_dir) as tmp:
         tmp.mkdir()
-        for name in TABLE_NAMES:
-            pq.write_table(
-                arrow[name].cast(TABLE_SCHEMAS[name]),
-                str(tmp / f"{name}.parquet"),
-                compression="zstd",
-                use_dictionary=False,
-                column_encoding=tablestore.column_encodings(TABLE_SCHEMAS[name]),
-            )
+        tablestore.write_part_tables(tmp, arrow)
         meta = _part_meta(shard, fine_bins, positions=tables.positions, tail_max=tables.tail_max)
         atomic.write_json(tmp / PART_META, meta)
     return meta

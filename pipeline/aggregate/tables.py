@@ -21,15 +21,7 @@ import shutil
 from pathlib import Path
 
 from pipeline.aggregate.checks import _current_tables, _shard_problem, check_mergeable
-from pipeline.aggregate.layout import (
-    META_NAME,
-    _check_out_dir,
-    _writable,
-    check_out_arg,
-    default_tables_dir,
-    scratch_dir,
-    tables_dir_of,
-)
+from pipeline.aggregate.layout import _check_out_dir, _writable, check_out_arg, scratch_dir
 from pipeline.aggregate.reduce import (
     DEFAULT_MEMORY_LIMIT,
     _reduce,
@@ -44,6 +36,7 @@ from pipeline.store.cache import _tables_cache
 from pipeline.store.lock import RunLock
 from pipeline.store.run import AggregateError, open_run, open_runs
 from pipeline.store.schema import SchemaVersionError
+from pipeline.store.tablestore import META_NAME, run_tables_dir, tables_dir_of
 
 
 def aggregate(
@@ -75,7 +68,7 @@ def aggregate(
     if out is None:
         if len(runs) > 1:
             raise AggregateError("several runs aggregate into one output: give --out DIR")
-        out = default_tables_dir(runs[0].run_dir)
+        out = run_tables_dir(runs[0].run_dir)
     out = Path(out)
     check_mergeable(runs, allow_mixed_models=allow_mixed_models)
     if keep_parts and _current_tables(runs, out, fine_bins) is None:
@@ -195,7 +188,7 @@ def ensure_tables(run_dirs, out=None, *, quiet: bool = False) -> Path:
         open_run(run_dirs[0])  # raises the error naming the missing manifest
     if out is None and len(run_dirs) > 1:
         raise AggregateError("several runs: give --out DIR for their merged tables")
-    tables_dir = Path(out) if out is not None else default_tables_dir(run_dirs[0])
+    tables_dir = Path(out) if out is not None else run_tables_dir(run_dirs[0])
     return _ensure(run_dirs, tables_dir, quiet, plain=out is not None)
 
 

@@ -192,10 +192,9 @@ def table_problems(run_dir) -> list[str]:
     table files, or tables that claim to be this run's current tables but
     disagree with its shards (forged). Stale tables are a notice (table_notices)."""
     from pipeline.aggregate.checks import tables_disagree, tables_status
-    from pipeline.aggregate.layout import TABLES_DIR
     from pipeline.store import tablestore
 
-    tables_dir = Path(run_dir) / TABLES_DIR
+    tables_dir = tablestore.run_tables_dir(run_dir)
     if not (tables_dir / tablestore.META_NAME).exists():
         return []
     try:
@@ -218,10 +217,9 @@ def table_notices(run_dir) -> list[str]:
     than the run's (stale). Stale tables make no run invalid: the next command
     that needs them rebuilds them."""
     from pipeline.aggregate.checks import tables_status
-    from pipeline.aggregate.layout import TABLES_DIR
     from pipeline.store import tablestore
 
-    tables_dir = Path(run_dir) / TABLES_DIR
+    tables_dir = tablestore.run_tables_dir(run_dir)
     if not (tables_dir / tablestore.META_NAME).exists():
         return []
     reason = tables_status([run_dir], tables_dir, verify=False)

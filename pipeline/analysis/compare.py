@@ -23,7 +23,7 @@ from pipeline.analysis.metrics import (
 )
 from pipeline.core.registry import BIN_METRICS
 from pipeline.store.manifest import RunError
-from pipeline.store.run import is_run, run_label
+from pipeline.store.run import run_label
 
 
 def compare_runs(run_dirs, n_bins: int = 10, *, quiet: bool = False, partial: bool = False) -> dict:
@@ -56,7 +56,7 @@ def compare_runs(run_dirs, n_bins: int = 10, *, quiet: bool = False, partial: bo
         )
         rows.append(
             {
-                "label": run_label(run_dir) if is_run(run_dir) else run_dir.name,
+                "label": run_label(run_dir),
                 "path": str(run_dir),
                 "positions": tables.positions,
                 "vocab_size": tables.vocab_size,

@@ -15,16 +15,9 @@ import pyarrow.parquet as pq
 
 from pipeline.store.manifest import RunError, load_manifest
 from pipeline.store.schema import check_table_schema
-from pipeline.store.tablestore import META_NAME, TABLE_NAMES, read_meta
+from pipeline.store.tablestore import TABLE_NAMES, read_meta, tables_dir_of
 
-__all__ = ["open_tables", "open_positions", "tables_directory"]
-
-
-def tables_directory(path) -> Path:
-    """`path` itself when it holds bin tables (``fullece aggregate --out``), else
-    ``path/tables`` (a run directory)."""
-    path = Path(path)
-    return path if (path / META_NAME).exists() else path / "tables"
+__all__ = ["open_tables", "open_positions"]
 
 
 def open_tables(run_dir) -> dict:
@@ -36,7 +29,7 @@ def open_tables(run_dir) -> dict:
     """
     import polars as pl
 
-    directory = tables_directory(run_dir)
+    directory = tables_dir_of(run_dir)
     try:
         read_meta(directory)
     except ValueError as err:

@@ -101,7 +101,7 @@ def metrics_for_run(
     boot = None
     if bootstrap_replicates:
         boot = _bootstrap(at_m, ordered, rsd, bootstrap_replicates, seed)
-    label = run_label(run_dir) if is_run(run_dir) else run_dir.resolve().name
+    label = run_label(run_dir)
     if not coverage["complete"]:
         notes.insert(0, f"partial run (complete: false): {describe_coverage(coverage)}")
     return {

@@ -139,7 +139,7 @@ def prepare_run(
 
         metrics = compute_metrics(tables, bins, _tail_bounds(tables_dir, tables))
     return {
-        "label": run_label(run_dir) if is_run(run_dir) else run_dir.name,
+        "label": run_label(run_dir),
         "path": str(run_dir),
         "metrics": metrics,
         "reliability": reliability(tables, reliability_bins),

@@ -30,8 +30,9 @@ import stat
 from pathlib import Path
 
 from pipeline.errors import FulleceError
+from pipeline.store.schema import BIN_TABLE_NAMES
 
-TABLE_VIEWS = ("class_bins", "top1_bins", "tokens", "seq_bins")
+TABLE_VIEWS = BIN_TABLE_NAMES
 RUN_VIEWS = (*TABLE_VIEWS, "positions", "tail_bounds", "manifest", "meta")
 
 SANDBOX_SETTINGS = (
@@ -125,15 +126,11 @@ def _field(obj, *keys):
     return obj
 
 
-def run_label(run_dir: Path, manifest: dict) -> str:
-    label = manifest.get("label")
-    return label if isinstance(label, str) and label else Path(run_dir).resolve().name
-
-
 def _run_rows(run_dir: Path, tables_dir: Path) -> tuple[dict, dict]:
     from pipeline.aggregate import read_tables_meta
     from pipeline.store.jsonsafe import json_safe
     from pipeline.store.manifest import load_manifest
+    from pipeline.store.run import run_label
 
     manifest = load_manifest(run_dir)
     meta = read_tables_meta(tables_dir)

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from pipeline.extract.errors import ExtractError
+from pipeline.store.hf_config import vocab_size_of
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -135,8 +136,8 @@ def load_model(model_dir, *, device: str = "cpu", dtype: str = "auto"):
     model.eval().to(device)
     head = model.get_output_embeddings()
     weight = getattr(head, "weight", None) if head is not None else None
-    vocab = int(weight.shape[0]) if weight is not None else int(model.config.vocab_size)
-    return model, vocab
+    rows = int(weight.shape[0]) if weight is not None else None
+    return model, int(vocab_size_of(model.config.to_dict(), rows))
 
 
 def load_tokenizer(tokenizer_dir):

@@ -13,11 +13,12 @@ from pipeline.extract.settings import IDENTITY_KEYS
 from pipeline.store.lock import LOCK_NAME
 from pipeline.store.manifest import MANIFEST_NAME, load_manifest, path_sha256, save_manifest
 from pipeline.store.shards import SHARDS_DIR
+from pipeline.store.tablestore import TABLES_DIR
 
 RANKS_DIR = "ranks"
 _SHARD_PREFIXES = ("positions-", "class_tail-", "logits-")
 # What a fullece writer puts in a run directory (and so what --overwrite may remove).
-RUN_ENTRIES = (MANIFEST_NAME, SHARDS_DIR, "tables", RANKS_DIR, LOCK_NAME)
+RUN_ENTRIES = (MANIFEST_NAME, SHARDS_DIR, TABLES_DIR, RANKS_DIR, LOCK_NAME)
 
 
 def is_fullece_manifest(out: Path) -> bool:
@@ -122,7 +123,7 @@ def remove_run(out: Path) -> None:
             "choose another directory"
         )
     (out / MANIFEST_NAME).unlink()
-    for sub in (SHARDS_DIR, "tables", RANKS_DIR):
+    for sub in (SHARDS_DIR, TABLES_DIR, RANKS_DIR):
         shutil.rmtree(out / sub, ignore_errors=True)
 
 

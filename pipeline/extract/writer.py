@@ -28,13 +28,11 @@ from __future__ import annotations
 
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from pipeline.defaults import __version__
 from pipeline.extract.errors import ExtractError, NonFiniteLogitsError
 from pipeline.extract.kernel import ClassTail, score_rows, tau_threshold
 from pipeline.extract.rundir import (
@@ -45,25 +43,23 @@ from pipeline.extract.rundir import (
 )
 from pipeline.extract.settings import (
     MAX_PENDING_WRITES,
+    ROW_GROUP_ROWS,
     check_kernel_settings,
     default_chunk_rows,
     default_shard_positions,
 )
-from pipeline.extract.sink import ShardSink
 from pipeline.store.atomic import write_json
 from pipeline.store.lock import RunLock
 from pipeline.store.manifest import save_manifest, summarize_shards
-from pipeline.store.schema import SCHEMA_VERSION
+from pipeline.store.run import dir_label
 from pipeline.store.shards import SHARDS_DIR
+from pipeline.store.writer import ShardWriter, manifest_header
 
 
 def new_manifest(*, vocab_size: int, store: str, label: str, settings: dict, **fields) -> dict:
     """A fresh (empty, incomplete) manifest; `fields` set model, tokenizer, corpus, source."""
     manifest = {
-        "schema_version": SCHEMA_VERSION,
-        "tool": {"name": "fullece", "version": __version__},
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "label": label,
+        **manifest_header(label),
         "model": {"path": "", "files": {}},
         "tokenizer": {"path": "", "files": {}},
         "corpus": {"path": "", "format": "stream", "sha256": None},
@@ -146,7 +142,7 @@ class RunWriter:
             manifest = new_manifest(
                 vocab_size=self.vocab,
                 store=store,
-                label=label or self.out.resolve().name,
+                label=label or dir_label(self.out),
                 settings=settings,
                 source={"kind": "runwriter", **(source or {})},
             )
@@ -196,7 +192,7 @@ class RunWriter:
         (self.out / SHARDS_DIR).mkdir(exist_ok=True)
         self._skip = self.committed_positions if self._public else 0
         self._next_index = len(self.manifest["shards"])
-        self._sink = ShardSink(
+        self._shard_writer = ShardWriter(
             self.out,
             self.manifest,
             self.store,
@@ -204,6 +200,7 @@ class RunWriter:
             save=self._save,
             rank=self.rank,
             capacity_rows=self.shard_positions,
+            row_group_rows=ROW_GROUP_ROWS,
         )
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fullece-writer")
         if self.progress:
@@ -262,7 +259,7 @@ class RunWriter:
         # the writer thread may not have committed the previous shard yet: count here
         index = self._next_index if index is None else int(index)
         self._next_index = index + 1
-        self._submit(self._sink.begin, index, rows)
+        self._submit(self._shard_writer.begin, index, rows)
         self._shard_open = True
         self._shard_rows = 0
         self._tails = None
@@ -276,7 +273,7 @@ class RunWriter:
             mass = np.zeros(self.vocab, dtype=np.float64)
         else:
             count, mass = self._tails.to_numpy()
-        self._submit(self._sink.commit, dict(meta or self._shard_meta()), count, mass)
+        self._submit(self._shard_writer.commit, dict(meta or self._shard_meta()), count, mass)
         self._shard_open = False
         self._shard_docs = None
 
@@ -368,7 +365,7 @@ class RunWriter:
             ) from None
         scored["doc_id"], scored["offset"], scored["window"] = doc, off, win
         scored["label"] = y.cpu().numpy().astype(np.int32)
-        self._submit(self._sink.add, scored)
+        self._submit(self._shard_writer.add, scored)
         self._shard_rows += n
         if self._public:
             lo, hi = int(doc.min()), int(doc.max())
@@ -431,7 +428,7 @@ class RunWriter:
                     except BaseException:  # noqa: BLE001 - the caller's error is the one raised
                         pass
                 self._pending.clear()
-                self._executor.submit(self._sink.abort).result()
+                self._executor.submit(self._shard_writer.abort).result()
                 self._executor.shutdown(wait=True)
         finally:
             if self._bar is not None:

@@ -40,8 +40,10 @@ __all__ = [
 
 
 def vocab_size_from_model(model_dir) -> tuple[int, dict]:
-    """K from a model directory's config.json (no weights loaded), and the
+    """K from a model directory's config.json (no weights loaded; the one rule:
+    pipeline.store.hf_config.vocab_size_of), and the
     manifest's ``model`` record ({path, files: {config.json: sha256}})."""
+    from pipeline.store.hf_config import vocab_size_of
     from pipeline.store.manifest import file_sha256
 
     path = Path(model_dir) / "config.json"
@@ -57,9 +59,7 @@ def vocab_size_from_model(model_dir) -> tuple[int, dict]:
         raise IngestError(f"{path}: JSON nested too deeply to read") from None
     if not isinstance(config, dict):
         raise IngestError(f"{path}: expected a JSON object")
-    k = config.get("vocab_size")
-    if k is None and isinstance(config.get("text_config"), dict):
-        k = config["text_config"].get("vocab_size")
+    k = vocab_size_of(config)
     if not isinstance(k, int) or k < 1:
         raise IngestError(f"{path}: no positive integer vocab_size (give --vocab-size K)")
     model = {"path": str(model_dir), "files": {"config.json": file_sha256(path)}}

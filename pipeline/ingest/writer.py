@@ -8,29 +8,17 @@ Re-running the same import on a complete RUN_DIR is a no-op.
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from pipeline.defaults import __version__
 from pipeline.ingest.convert import ClassTailSums, EntryBatch, IngestError, convert_batch
-from pipeline.store.manifest import (
-    MANIFEST_NAME,
-    file_sha256,
-    load_manifest,
-    save_manifest,
-    summarize_shards,
-)
-from pipeline.store.schema import POSITIONS_V1, SCHEMA_VERSION
-from pipeline.store.shards import (
-    SHARDS_DIR,
-    positions_batch,
-    positions_writer,
-    shard_names,
-    write_class_tail,
-)
+from pipeline.store.manifest import MANIFEST_NAME, file_sha256, load_manifest
+from pipeline.store.run import dir_label
+from pipeline.store.schema import POSITIONS_V1
+from pipeline.store.shards import SHARDS_DIR
+from pipeline.store.writer import ShardWriter, commit_run_dir, manifest_header
 
 DEFAULT_SHARD_POSITIONS = 1 << 20
 
@@ -93,7 +81,10 @@ def already_imported(out: Path, kind: str, files: list[dict], vocab_size: int) -
 
 
 class ImportWriter:
-    """Context manager: ``add(EntryBatch)`` repeatedly, committed on a clean exit."""
+    """Context manager: ``add(EntryBatch)`` repeatedly, committed on a clean exit.
+
+    Shards are written by the one run-directory writer (pipeline.store.writer)
+    into the temporary directory, which becomes RUN_DIR at the commit."""
 
     def __init__(
         self,
@@ -109,15 +100,14 @@ class ImportWriter:
         self.out = Path(out)
         self.vocab_size = int(vocab_size)
         self.source = dict(source)
-        self.label = label or self.out.resolve().name
+        self.label = label or dir_label(self.out)
         self.model = model
         self.sum_tolerance = float(sum_tolerance)
         self.shard_positions = int(shard_positions)
         self.shards: list[dict] = []
         self.tmp: Path | None = None
-        self._writer = None
-        self._rows = 0
-        self._tail_max = 0.0
+        self._shard: ShardWriter | None = None
+        self._open = False
         self._class = None
 
     # ------------------------------------------------------------ lifecycle
@@ -134,6 +124,16 @@ class ImportWriter:
         os.umask(umask)
         os.chmod(self.tmp, 0o777 & ~umask)  # mkdtemp makes it private; a run is not
         (self.tmp / SHARDS_DIR).mkdir()
+        # the whole directory is the commit (renamed at the end): a shard's commit lists it only
+        self._shard = ShardWriter(
+            self.tmp,
+            {"shards": self.shards},
+            "topk",
+            self.vocab_size,
+            save=lambda manifest: None,
+            # outside dumps carry no Σp² per position: positions v1
+            positions_schema=POSITIONS_V1,
+        )
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -141,9 +141,9 @@ class ImportWriter:
             if exc_type is None:
                 self._commit()
         finally:
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
+            if self._open:
+                self._shard.abort()
+                self._open = False
             if self.tmp is not None and self.tmp.exists():
                 shutil.rmtree(self.tmp, ignore_errors=True)
         return False
@@ -154,57 +154,32 @@ class ImportWriter:
         if batch.rows == 0:
             return 0
         result = convert_batch(batch, self.vocab_size, self.sum_tolerance)
-        if self._writer is None:
-            names = shard_names(len(self.shards))
-            # outside dumps carry no Σp² per position: positions v1
-            self._writer = positions_writer(self.tmp / names["positions"], POSITIONS_V1)
+        if not self._open:
+            self._shard.begin(len(self.shards), None)
+            self._open = True
             self._class = ClassTailSums(self.vocab_size)
-            self._rows = 0
-            self._tail_max = 0.0
             self._doc_start = int(batch.doc_id[0])
-        self._writer.write_batch(positions_batch(result["columns"]))
+        self._shard.add(result["columns"])
         self._class.add(result["class"])
-        self._rows += batch.rows
-        self._tail_max = max(self._tail_max, result["tail_max"])
         self._doc_end = int(batch.doc_id[-1]) + 1
-        if self._rows >= self.shard_positions:
+        if self._shard.written >= self.shard_positions:
             self._close_shard()
         return batch.rows
 
     def _close_shard(self) -> None:
-        index = len(self.shards)
-        names = shard_names(index)
-        self._writer.close()
-        self._writer = None
         count, mass, cap = self._class.result()
-        write_class_tail(self.tmp / names["class_tail"], count, mass, cap)
-        files = {
-            names[key]: file_sha256(self.tmp / names[key]) for key in ("positions", "class_tail")
-        }
-        self.shards.append(
-            {
-                "index": index,
-                "rows": int(self._rows),
-                "doc_start": self._doc_start,
-                "doc_end": self._doc_end,
-                "tail_max": float(self._tail_max),
-                "files": files,
-                "positions": names["positions"],
-                "class_tail": names["class_tail"],
-                "logits": None,
-            }
+        self._open = False
+        self._shard.commit(
+            {"doc_start": self._doc_start, "doc_end": self._doc_end}, count, mass, cap
         )
 
     def _commit(self) -> None:
-        if self._writer is not None:
+        if self._open:
             self._close_shard()
         if not self.shards:
             raise IngestError("no positions to import (every document has fewer than 2 tokens)")
         manifest = {
-            "schema_version": SCHEMA_VERSION,
-            "tool": {"name": "fullece", "version": __version__},
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "label": self.label,
+            **manifest_header(self.label),
             "source": {
                 **self.source,
                 "class_tail_known": False,
@@ -218,8 +193,4 @@ class ImportWriter:
         }
         if self.model is not None:
             manifest["model"] = self.model
-        summarize_shards(manifest)
-        save_manifest(self.tmp, manifest)
-        if self.out.exists():
-            self.out.rmdir()  # empty (checked on entry)
-        os.replace(self.tmp, self.out)
+        commit_run_dir(self.tmp, self.out, manifest)

@@ -95,7 +95,7 @@ class Run:
 
     @property
     def label(self) -> str:
-        return str(self.manifest.get("label") or self.run_dir.resolve().name)
+        return run_label(self.run_dir, self.manifest)
 
     @property
     def vocab_size(self) -> int:
@@ -677,13 +677,24 @@ def iter_logit_blocks(shard: Shard, block_rows: int | None = None):
         yield start, block, lse_block
 
 
-def run_label(run_dir) -> str:
-    """A run's label: the manifest's ``label``, else the directory name."""
-    run_dir = Path(run_dir)
-    try:
-        return str(load_manifest(run_dir).get("label") or run_dir.resolve().name)
-    except (RunError, OSError, ValueError):
-        return run_dir.resolve().name
+def dir_label(path) -> str:
+    """The label of a run (or tables directory) that no manifest names: the
+    name of the directory, resolved (so ``.`` and ``runs/a/..`` get one too)."""
+    return Path(path).resolve().name
+
+
+def run_label(run_dir, manifest: dict | None = None) -> str:
+    """The one rule for a run's label, wherever it is shown or recorded: the
+    manifest's ``label`` (a non-empty string), else :func:`dir_label`.
+    `manifest` is read from `run_dir` when not given; a directory without a
+    readable manifest (a tables directory) gets its :func:`dir_label`."""
+    if manifest is None:
+        try:
+            manifest = load_manifest(run_dir)
+        except (RunError, OSError, ValueError):
+            manifest = {}
+    label = manifest.get("label")
+    return label if isinstance(label, str) and label else dir_label(run_dir)
 
 
 def is_run(path) -> bool:

@@ -88,18 +88,18 @@ CLASS_TAIL = pa.schema(
 # Bin tables (docs/design.md, "The bin tables"); `bin` is the 1-based fine bin
 # in 1..F. seq_bins is per sequence (document), per fine bin: pooled over
 # classes (Full-ECE) and top-1 (ECE), so bootstrap over sequences needs nothing else.
-CLASS_BINS = BIN_TABLE_SCHEMAS["class_bins"]
-TOP1_BINS = BIN_TABLE_SCHEMAS["top1_bins"]
-TOKENS = BIN_TABLE_SCHEMAS["tokens"]
-SEQ_BINS = BIN_TABLE_SCHEMAS["seq_bins"]
+# The names of the bin tables (class_bins, top1_bins, tokens, seq_bins), in the
+# order every writer and reader walks them: taken from their one declaration,
+# pipeline.core.tables.TABLE_FIELDS (the accumulator's arrays are built from it,
+# and the core imports nothing from the store).
+BIN_TABLE_NAMES = tuple(BIN_TABLE_SCHEMAS)
+CLASS_BINS, TOP1_BINS, TOKENS, SEQ_BINS = (BIN_TABLE_SCHEMAS[n] for n in BIN_TABLE_NAMES)
 
+# Every table of the formats above, by name: the run's own two, then the bin tables.
 TABLE_SCHEMAS = {
     "positions": POSITIONS,
     "class_tail": CLASS_TAIL,
-    "class_bins": CLASS_BINS,
-    "top1_bins": TOP1_BINS,
-    "tokens": TOKENS,
-    "seq_bins": SEQ_BINS,
+    **{name: BIN_TABLE_SCHEMAS[name] for name in BIN_TABLE_NAMES},
 }
 
 # Full store: Zarr v3 group per shard (attribute fullece.schema_version).

@@ -26,11 +26,19 @@ from pipeline.core.tables import BinTables
 from pipeline.defaults import __version__
 from pipeline.errors import FulleceError
 from pipeline.store import atomic
-from pipeline.store.schema import SCHEMA_VERSION, check_table_schema, check_version
+from pipeline.store.schema import (
+    BIN_TABLE_NAMES,
+    SCHEMA_VERSION,
+    TABLE_SCHEMAS,
+    check_table_schema,
+    check_version,
+)
 from pipeline.store.tailbounds import TAIL_BOUNDS_KEY, TAIL_BOUNDS_NAME
 
-TABLE_NAMES = ("class_bins", "top1_bins", "tokens", "seq_bins")
+TABLE_NAMES = BIN_TABLE_NAMES
 META_NAME = "meta.json"
+# A run's own tables: RUN_DIR/tables (``fullece aggregate --out DIR`` writes DIR instead).
+TABLES_DIR = "tables"
 PARQUET_COMPRESSION = "zstd"
 # Relative tolerance of float sums that must equal a count (probabilities of a
 # position sum to 1 up to float32 rounding of each of its K entries).
@@ -39,6 +47,24 @@ _MASS_RTOL = 1e-3
 
 class TablesError(FulleceError):
     """Bin tables that are missing, damaged, altered or of another layout."""
+
+
+def run_tables_dir(run_dir) -> Path:
+    """Where a run's own bin tables live: RUN_DIR/tables."""
+    return Path(run_dir) / TABLES_DIR
+
+
+def tables_dir_of(path) -> Path:
+    """The one answer to "where are the tables" of a path given by a user:
+    `path` itself when it holds bin tables (has meta.json; ``aggregate --out``),
+    RUN_DIR/tables for a run directory (whether or not it has tables yet), else
+    `path` (whose missing meta.json is then the error)."""
+    path = Path(path)
+    if (path / META_NAME).exists():
+        return path
+    if (run_tables_dir(path) / META_NAME).exists() or (path / "manifest.json").exists():
+        return run_tables_dir(path)
+    return path
 
 
 # ------------------------------------------------------------------ writing
@@ -77,6 +103,23 @@ def write_table_file(table: pa.Table, path) -> None:
     with atomic.atomic_path(path) as tmp:
         with parquet_writer(tmp, table.schema) as writer:
             writer.write_table(table)
+
+
+def write_part_tables(directory: Path, tables: dict[str, pa.Table]) -> None:
+    """Write one shard's partial bin tables (``parts/``, a cache of the map
+    step) into `directory`, the caller's atomic temporary: each as the schema
+    of its table, lz4 and no statistics, since a partial table is read once, by
+    the reduce: fast to write beats small."""
+    for name in TABLE_NAMES:
+        schema, table = TABLE_SCHEMAS[name], tables[name]
+        pq.write_table(
+            table if table.schema == schema else table.cast(schema),
+            str(Path(directory) / f"{name}.parquet"),
+            compression="lz4",
+            use_dictionary=False,
+            column_encoding=column_encodings(schema),
+            write_statistics=False,
+        )
 
 
 def read_table_file(path, columns=None) -> pa.Table:

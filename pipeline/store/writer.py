@@ -1,9 +1,13 @@
-"""Writer side of extraction: one shard at a time, committed atomically.
+"""The one writer of run directories, for ``fullece extract`` and ``fullece import`` alike.
 
-A shard is written into ``shards/.shard-NNNNN.tmp/``, renamed into place, and
-committed by rewriting manifest.json (atomically) with it listed (under
-torchrun, the rank's own ``ranks/rank-RRRRR.json``); whatever is not listed is
-removed on resume. Every method of ShardSink runs on one background writer
+:func:`manifest_header` begins every manifest; :class:`ShardWriter` writes one
+shard at a time: into ``shards/.shard-NNNNN.tmp/``, renamed into place, and
+committed by the caller's ``save`` with the shard listed. What that commit is
+belongs to the caller: extraction rewrites manifest.json atomically (under
+torchrun, the rank's own ``ranks/rank-RRRRR.json``) and removes whatever is not
+listed on resume; an import writes the whole run in a temporary directory that
+it renames onto RUN_DIR once the manifest is saved (:func:`commit_run_dir`).
+In extraction every method of ShardWriter runs on one background writer
 thread, in submission order, overlapping with the next batch's compute.
 """
 
@@ -11,14 +15,16 @@ from __future__ import annotations
 
 import os
 import shutil
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from pipeline.extract.settings import ROW_GROUP_ROWS
+from pipeline.defaults import __version__
 from pipeline.store.atomic import fsync_dir
 from pipeline.store.manifest import path_sha256, save_manifest, summarize_shards
+from pipeline.store.schema import POSITIONS, SCHEMA_VERSION
 from pipeline.store.shards import (
     SHARDS_DIR,
     create_logits_store,
@@ -31,10 +37,33 @@ from pipeline.store.shards import (
 )
 
 
-class ShardSink:
+def manifest_header(label: str) -> dict:
+    """The first fields of every manifest, in the order they are written."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "fullece", "version": __version__},
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "label": label,
+    }
+
+
+def commit_run_dir(tmp: Path, out: Path, manifest: dict) -> None:
+    """Save the manifest of the run written in `tmp`, then rename `tmp` onto
+    `out` (absent or empty): the run appears whole or not at all."""
+    summarize_shards(manifest)
+    save_manifest(tmp, manifest)
+    if out.exists():
+        out.rmdir()
+    os.replace(tmp, out)
+
+
+class ShardWriter:
     """Writes one shard at a time into a temporary directory, then commits it.
 
-    Every method runs on the single writer thread, in submission order.
+    positions_schema: POSITIONS, or POSITIONS_V1 for writers that have no Σp²
+        per position (imported dumps).
+    row_group_rows: positions rows per Parquet row group (buffered); None
+        writes each ``add`` as its own row group.
     """
 
     def __init__(
@@ -47,6 +76,8 @@ class ShardSink:
         save=None,
         rank: int | None = None,
         capacity_rows: int = 1024,
+        positions_schema: pa.Schema = POSITIONS,
+        row_group_rows: int | None = None,
     ):
         self.run_dir = run_dir
         self.manifest = manifest
@@ -56,6 +87,8 @@ class ShardSink:
         # the commit point: rewrites the manifest (or, under torchrun, the rank's file)
         self.save = save or (lambda m: save_manifest(self.run_dir, m))
         self.capacity_rows = max(1, int(capacity_rows))
+        self.positions_schema = positions_schema
+        self.row_group_rows = row_group_rows
         self.tmp: Path | None = None
 
     def begin(self, index: int, rows: int | None) -> None:
@@ -68,7 +101,7 @@ class ShardSink:
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp.mkdir(parents=True)
         self.names = shard_names(index, rank=self.rank)
-        self.writer = positions_writer(self.tmp / "positions.parquet")
+        self.writer = positions_writer(self.tmp / "positions.parquet", self.positions_schema)
         self.pending: list[pa.RecordBatch] = []
         self.pending_rows = 0
         self.written = 0
@@ -83,10 +116,14 @@ class ShardSink:
         batch = positions_batch(cols)
         if len(cols["tail_max"]):
             self.tail_max = max(self.tail_max, np.float32(cols["tail_max"].max()))
-        self.pending.append(batch)
-        self.pending_rows += batch.num_rows
-        if self.pending_rows >= ROW_GROUP_ROWS:
-            self._flush_rows(final=False)
+        if self.row_group_rows is None:
+            self.writer.write_batch(batch)
+            self.written += batch.num_rows
+        else:
+            self.pending.append(batch)
+            self.pending_rows += batch.num_rows
+            if self.pending_rows >= self.row_group_rows:
+                self._flush_rows(final=False)
         if self.store == "full":
             for chunk in cols["logits"]:
                 self._add_logits(chunk)
@@ -96,10 +133,11 @@ class ShardSink:
     def _flush_rows(self, final: bool) -> None:
         if not self.pending:
             return
+        step = self.row_group_rows
         table = pa.Table.from_batches(self.pending)
-        cut = table.num_rows if final else (table.num_rows // ROW_GROUP_ROWS) * ROW_GROUP_ROWS
+        cut = table.num_rows if final else (table.num_rows // step) * step
         if cut:
-            self.writer.write_table(table.slice(0, cut), row_group_size=ROW_GROUP_ROWS)
+            self.writer.write_table(table.slice(0, cut), row_group_size=step)
             self.written += cut
         rest = table.slice(cut)
         self.pending = rest.to_batches() if rest.num_rows else []
@@ -164,7 +202,16 @@ class ShardSink:
         self.lse_buf = [lse[cut:]] if cut < len(lse) else []
         self.buf_rows -= cut
 
-    def commit(self, plan_meta: dict, tail_count: np.ndarray, tail_mass: np.ndarray) -> dict:
+    def commit(
+        self,
+        plan_meta: dict,
+        tail_count: np.ndarray,
+        tail_mass: np.ndarray,
+        tail_cap: np.ndarray | None = None,
+    ) -> dict:
+        """Close the shard, move its files into place, list it and call ``save``
+        (the commit point). `plan_meta`: doc_start, doc_end (and documents,
+        skipped); `tail_cap`: see :func:`pipeline.store.shards.write_class_tail`."""
         self._flush_rows(final=True)
         self.writer.close()
         if self.rows is None:
@@ -174,7 +221,7 @@ class ShardSink:
                 f"shard {self.index}: wrote {self.written} rows, planned {self.rows}"
             )
         files = {"positions": self.tmp / "positions.parquet"}
-        write_class_tail(self.tmp / "class_tail.parquet", tail_count, tail_mass)
+        write_class_tail(self.tmp / "class_tail.parquet", tail_count, tail_mass, tail_cap)
         files["class_tail"] = self.tmp / "class_tail.parquet"
         logits_dtype = None
         if self.store == "full":
