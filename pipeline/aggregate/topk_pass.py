@@ -233,13 +233,8 @@ class TopkShardPass:
 
     # ------------------------------------------------------------------ input
 
-    def add_batch(self, batch) -> None:
-        """One Arrow record batch of the positions schema (any row count)."""
-        kernels = _kernels()
-        k, f = self.vocab_size, self.fine_bins
-        n = batch.num_rows
-        if n == 0:
-            return
+    def _batch_rows(self, batch) -> BatchRows:
+        """The columns of a non-empty record batch, its kept entries in place."""
         col = batch.column
         kept_ids, kept_probs = col("kept_ids"), col("kept_probs")
         id_off = np.asarray(kept_ids.offsets)
@@ -250,21 +245,35 @@ class TopkShardPass:
         # entries of this batch only (a sliced batch's list buffers start earlier)
         ids = np.asarray(kept_ids.values)[id_off[0] : id_off[-1]]
         probs = np.asarray(kept_probs.values)[p_off[0] : p_off[-1]]
-        id_off = id_off - id_off[0]
-        longest = int(np.diff(id_off).max())
-        if self._buffer is None or self._buffer[0].size < longest:
-            self._group_buffer()
-            size = max(_BUFFER_ENTRIES, longest)
-            self._buffer = tuple(np.empty(size, dtype) for dtype in (np.int64, np.float32) * 2)
-        rows = BatchRows(
+        return BatchRows(
             ids,
             probs,
-            id_off,
+            id_off - id_off[0],
             *(
                 np.asarray(col(name))
                 for name in BatchRows._fields[3:]  # the positions columns of the same names
             ),
         )
+
+    def _row_error(self, code: KernelCode, row: int) -> KeptEntryError:
+        limit = _DOC_LIMIT // (self.fine_bins + 1)
+        message = ROW_ERRORS[code].format(k=self.vocab_size, limit=limit)
+        return KeptEntryError(message, self.positions + int(row))
+
+    def add_batch(self, batch) -> None:
+        """One Arrow record batch of the positions schema (any row count)."""
+        kernels = _kernels()
+        k, f = self.vocab_size, self.fine_bins
+        n = batch.num_rows
+        if n == 0:
+            return
+        rows = self._batch_rows(batch)
+        id_off = rows.offsets
+        longest = int(np.diff(id_off).max())
+        if self._buffer is None or self._buffer[0].size < longest:
+            self._group_buffer()
+            size = max(_BUFFER_ENTRIES, longest)
+            self._buffer = tuple(np.empty(size, dtype) for dtype in (np.int64, np.float32) * 2)
         rules = Rules(k, f, self._threshold, _DOC_LIMIT // (f + 1))
         sums = ShardSums(
             self.bin1_n,
@@ -290,8 +299,7 @@ class TopkShardPass:
             else:
                 break
         if code is not KernelCode.OK:
-            message = ROW_ERRORS[code].format(k=k, limit=_DOC_LIMIT // (f + 1))
-            raise KeptEntryError(message, self.positions + int(row))
+            raise self._row_error(code, row)
         self.kept_entries += int(id_off[-1])
         self.positions += n
 
@@ -393,13 +401,20 @@ class TopkShardPass:
             self.fine_bins,
         )
         seq_bins = _seq_bins(self._seq_rows[: int(self._seq_n[0])], stride)
+        _give_scratch({"class": self._class, "seq_rows": self._seq_rows, "buffer": self._buffer})
+        self._class = self._seq_rows = self._buffer = None
+        return self._table_columns((c_ids, c_bins, c_n, c_p, c_hits), p_mass, seq_bins)
+
+    def _table_columns(self, class_bins, p_mass, seq_bins: SparseBins) -> dict:
+        """The four partial tables from class_bins' columns (class_id, bin, n,
+        p_sum, hits in (class, bin) order), the class masses, seq_bins and the
+        dense per-class and top-1 sums."""
+        c_ids, c_bins, c_n, c_p, c_hits = class_bins
         top1_rows = np.flatnonzero(self._top1_int[:, fmt.TOP1_N])
         # classes with any kept or tail pair, label or top-1 position
         has_pairs = np.zeros(self.vocab_size, bool)
         has_pairs[c_ids] = True
         tokens = np.flatnonzero(has_pairs | (self.label_count > 0) | (self.top1_count > 0))
-        _give_scratch({"class": self._class, "seq_rows": self._seq_rows, "buffer": self._buffer})
-        self._class = self._seq_rows = self._buffer = None
         return {
             "class_bins": {
                 "class_id": c_ids,
