@@ -103,8 +103,13 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("grouping", ["dense", "sorted"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_small_path_tables_bit_identical_to_the_kernel(tmp_path, monkeypatch, name):
+def test_small_path_tables_bit_identical_to_the_kernel(tmp_path, monkeypatch, name, grouping):
+    """Each case with the numpy pass's groups summed over a dense key index
+    and (forced) after a stable sort."""
+    if grouping == "sorted":
+        monkeypatch.setattr(topk_small, "_dense", lambda key_range, rows: False)
     case, kwargs = CASES[name]()
     run = tmp_path / "run"
     write_run(run, case, shard_rows=100, **kwargs)

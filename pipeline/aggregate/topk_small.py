@@ -25,10 +25,12 @@ from pipeline.aggregate.topk_pass import _DOC_LIMIT, TopkShardPass, _seq_bins
 from pipeline.core.binning import bin1_threshold
 
 # Kept entries (all top-k shards of one `fullece aggregate` together) below
-# which the numpy pass is used. Measured (docs/performance.md, "Small runs"):
-# the numpy pass costs about 0.1 s per million kept entries more than the
-# kernel, and numba's import with the cached kernels' load 0.8-2.5 s per process.
-SMALL_RUN_ENTRIES = 4_000_000
+# which the numpy pass is used (about 30,000 positions at 64 kept). Measured
+# (docs/performance.md, "Small runs in numpy"): the numpy pass takes 0.4-0.9 s
+# per million kept entries more than the loaded kernel, and importing numba
+# with the cached kernels 0.8-2.5 s per process: at 2M entries the numpy pass
+# costs at most about what the import saves.
+SMALL_RUN_ENTRIES = 2_000_000
 
 
 def kept_entries_bound(shard) -> int | None:
@@ -96,24 +98,41 @@ def _first_bad_row(rows: BatchRows, rules: Rules, entry_rows: np.ndarray):
     return KernelCode.OK, -1
 
 
-def _group_sums(keys: np.ndarray, ints: dict, floats: dict):
-    """Unique sorted int64 `keys` and, per key, the sums of each column:
-    integers in int64, floats in float64 added in input order from 0.0 (a
-    stable sort keeps a key's rows in input order; bincount adds in it)."""
-    order = np.argsort(keys, kind="stable")
-    ordered = keys[order]
-    first = np.ones(ordered.size, bool)
-    first[1:] = ordered[1:] != ordered[:-1]
-    starts = np.flatnonzero(first)
-    group = np.cumsum(first) - 1
+# Key ranges up to this size (or 4 x the rows) are summed over a dense key
+# index (bincount by key: no sort); larger ones are sorted first.
+_DENSE_KEYS = 1 << 22
+
+
+def _dense(key_range: int, rows: int) -> bool:
+    return key_range <= max(_DENSE_KEYS, 4 * rows)
+
+
+def _group_sums(keys: np.ndarray, key_range: int, ints: dict, floats: dict):
+    """Unique sorted int64 `keys` (in [0, key_range)) and, per key, the sums
+    of each column: floats in float64 added in input order from 0.0 (bincount
+    adds in input order; a stable sort keeps a key's rows in it), integers
+    exactly (as float64 below 2^53 on the dense path, then int64)."""
+    dense = _dense(key_range, keys.size)
+    if dense:
+        present = np.flatnonzero(np.bincount(keys, minlength=key_range))
+        group, groups = keys, key_range
+    else:
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+        first = np.ones(keys.size, bool)
+        first[1:] = keys[1:] != keys[:-1]
+        present = np.flatnonzero(first)
+        group, groups = np.cumsum(first) - 1, present.size
+        ints = {name: np.asarray(v)[order] for name, v in ints.items()}
+        floats = {name: np.asarray(v)[order] for name, v in floats.items()}
     sums = {}
-    for name, v in ints.items():
-        gathered = np.asarray(v, np.int64)[order]
-        sums[name] = np.add.reduceat(gathered, starts) if starts.size else gathered
     for name, v in floats.items():
-        w = np.asarray(v, np.float64)[order]
-        sums[name] = np.bincount(group, weights=w, minlength=starts.size)
-    return ordered[starts], sums
+        sums[name] = np.bincount(group, weights=v, minlength=groups)
+    for name, v in ints.items():
+        sums[name] = np.bincount(group, weights=v, minlength=groups).astype(np.int64)
+    if dense:
+        return present, {name: v[present] for name, v in sums.items()}
+    return keys[present], sums
 
 
 class SmallTopkShardPass(TopkShardPass):
@@ -189,6 +208,7 @@ class SmallTopkShardPass(TopkShardPass):
         bins = np.ceil(p[high] * f).astype(np.int64)
         class_keys, class_sums = _group_sums(
             ids[high].astype(np.int64) * stride + bins,
+            k * stride,
             {"n": np.ones(bins.size, np.int64), "hits": hit[high]},
             {"p_sum": p[high]},
         )
@@ -236,6 +256,7 @@ class SmallTopkShardPass(TopkShardPass):
         keys, sums = _group_sums(
             np.concatenate([run[high_rows] * stride + high_bins, run[some] * stride + 1,
                             run * stride + top1_bins]),
+            (int(run[-1]) + 1 if run.size else 0) * stride,
             {
                 "n": np.concatenate([np.ones(a, np.int64), row_n, np.zeros(c, np.int64)]),
                 "hits": np.concatenate([high_hit, row_hits, np.zeros(c, np.int64)]),
