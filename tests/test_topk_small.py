@@ -15,8 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.aggregate import aggregate
-from pipeline.aggregate import shard_map, topk_pass, topk_small
+from pipeline.aggregate import aggregate, shard_map, topk_pass, topk_small
 from pipeline.store.run import open_run
 from tests.helpers.analysis_runs import DenseCase, dense_case, write_run
 
@@ -206,7 +205,9 @@ def test_size_rule_counts_the_footers(tmp_path):
     write_run(run, case, shard_rows=100, **kwargs)
     shards = open_run(run).shards
     entries = sum(
-        len(v) for s in shards for v in pq.read_table(s.path("positions")).column("kept_ids").to_pylist()
+        len(v)
+        for s in shards
+        for v in pq.read_table(s.path("positions")).column("kept_ids").to_pylist()
     )
     assert sum(topk_small.kept_entries_bound(s) for s in shards) == entries
     assert topk_small.use_small_path(shards, limit=entries + 1)

@@ -322,9 +322,8 @@ def build_parts(
     total = sum(s.rows for _, s, _ in todo)
     topk = [t for t in todo if t[1].store == "topk"]
     metas = {}
-    from pipeline.progress import notice
-
     from pipeline.aggregate.topk_small import use_small_path
+    from pipeline.progress import notice
 
     # a small run is mapped in numpy: importing numba would cost more than it saves
     small = use_small_path(shard for _, shard, _ in topk)

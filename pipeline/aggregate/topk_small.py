@@ -193,7 +193,7 @@ class SmallTopkShardPass(TopkShardPass):
         if self._folded is not None:
             return
         k, f = self.vocab_size, self.fine_bins
-        ids, probs, label = self._column("ids"), self._column("probs"), self._column("label")
+        ids, probs = self._column("ids"), self._column("probs")
         row = np.concatenate([r for _, r, _ in self._batches] or [np.zeros(0, np.int64)])
         hit = np.concatenate([h for _, _, h in self._batches] or [np.zeros(0, bool)])
         p = probs.astype(np.float64)
@@ -270,8 +270,12 @@ class SmallTopkShardPass(TopkShardPass):
         )  # fmt: skip
         rows = np.zeros((keys.size, fmt.SEQ_WIDTH), np.int64)
         rows[:, fmt.SEQ_KEY] = doc[new_run][keys // stride] * stride + keys % stride
-        for name, column in (("n", fmt.SEQ_N), ("hits", fmt.SEQ_HITS),
-                             ("top1_n", fmt.SEQ_TOP1_N), ("correct", fmt.SEQ_CORRECT)):
+        for name, column in (
+            ("n", fmt.SEQ_N),
+            ("hits", fmt.SEQ_HITS),
+            ("top1_n", fmt.SEQ_TOP1_N),
+            ("correct", fmt.SEQ_CORRECT),
+        ):
             rows[:, column] = sums[name]  # fmt: skip
         floats = rows.view(np.float64)
         floats[:, fmt.SEQ_P_SUM] = sums["p_sum"]
