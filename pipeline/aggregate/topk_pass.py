@@ -191,23 +191,7 @@ class TopkShardPass:
         # class partitions: a power of two, ~_CLASSES_PER_PARTITION classes each
         self._parts = 1 << max(0, int(np.ceil(np.log2(max(1, k / _CLASSES_PER_PARTITION)))))
         self._region_bits = _capacity_hint["class_region_bits"]
-        self._threshold = bin1_threshold(f)
-        # a class's bin-1 sums share one 32-byte row (one cache line per bin-1
-        # entry; entries above bin 1 touch no per-class row: their class sums
-        # come from the class table at the end); attributes are column views
-        self._per_class = np.zeros((k, 4), np.int64)
-        self.bin1_n = self._per_class[:, 0]
-        self.bin1_hits = self._per_class[:, 1]
-        self.bin1_p_sum = self._per_class.view(np.float64)[:, 2]
-        self.label_count = np.zeros(k, np.int64)
-        self.top1_count = np.zeros(k, np.int64)
-        # per top-1 bin: TOP1_N, TOP1_CORRECT
-        self._top1_int = np.zeros((f + 1, 2), np.int64)
-        self._top1_conf = np.zeros(f + 1, np.float64)
-        # rows whose label is not kept, kept entries equal to the label, tail_count
-        self._totals = np.zeros(3, np.int64)
-        self._largest_tail = np.zeros(1, np.float32)
-        self.class_tail_n = np.zeros(k, np.int64)
+        self._dense_sums()
         # (class, bin) -> n, hits, p_sum, one region per class partition;
         # (doc, bin) -> n, hits, top1_n, correct, p_sum, conf
         scratch = _take_scratch()
@@ -230,6 +214,27 @@ class TopkShardPass:
         self._doc = np.zeros((f + 1, fmt.SEQ_WIDTH), np.int64)  # a seq row per bin
         self._touched = np.zeros(f + 2, np.int64)
         self._current = np.zeros(2, np.int64)
+
+    def _dense_sums(self) -> None:
+        """The state of size O(K + F): per class, per top-1 bin, shard totals."""
+        k, f = self.vocab_size, self.fine_bins
+        self._threshold = bin1_threshold(f)
+        # a class's bin-1 sums share one 32-byte row (one cache line per bin-1
+        # entry; entries above bin 1 touch no per-class row: their class sums
+        # come from the class table at the end); attributes are column views
+        self._per_class = np.zeros((k, 4), np.int64)
+        self.bin1_n = self._per_class[:, 0]
+        self.bin1_hits = self._per_class[:, 1]
+        self.bin1_p_sum = self._per_class.view(np.float64)[:, 2]
+        self.label_count = np.zeros(k, np.int64)
+        self.top1_count = np.zeros(k, np.int64)
+        # per top-1 bin: TOP1_N, TOP1_CORRECT
+        self._top1_int = np.zeros((f + 1, 2), np.int64)
+        self._top1_conf = np.zeros(f + 1, np.float64)
+        # rows whose label is not kept, kept entries equal to the label, tail_count
+        self._totals = np.zeros(3, np.int64)
+        self._largest_tail = np.zeros(1, np.float32)
+        self.class_tail_n = np.zeros(k, np.int64)
 
     # ------------------------------------------------------------------ input
 

@@ -22,7 +22,6 @@ import numpy as np
 from pipeline.aggregate import topk_format as fmt
 from pipeline.aggregate.topk_format import BatchRows, KernelCode, Rules
 from pipeline.aggregate.topk_pass import _DOC_LIMIT, TopkShardPass, _seq_bins
-from pipeline.core.binning import bin1_threshold
 
 # Kept entries (all top-k shards of one `fullece aggregate` together) below
 # which the numpy pass is used (about 30,000 positions at 64 kept). Measured
@@ -142,18 +141,8 @@ class SmallTopkShardPass(TopkShardPass):
 
     def __post_init__(self):
         k, f = self.vocab_size, self.fine_bins
-        self._threshold = bin1_threshold(f)
+        self._dense_sums()
         self._rules = Rules(k, f, self._threshold, _DOC_LIMIT // (f + 1))
-        self.bin1_n = np.zeros(k, np.int64)
-        self.bin1_hits = np.zeros(k, np.int64)
-        self.bin1_p_sum = np.zeros(k, np.float64)
-        self.label_count = np.zeros(k, np.int64)
-        self.top1_count = np.zeros(k, np.int64)
-        self._top1_int = np.zeros((f + 1, 2), np.int64)
-        self._top1_conf = np.zeros(f + 1, np.float64)
-        self._totals = np.zeros(3, np.int64)
-        self._largest_tail = np.zeros(1, np.float32)
-        self.class_tail_n = np.zeros(k, np.int64)
         # per batch: its rows, each entry's row (within the shard), each entry's hit
         self._batches: list[tuple[BatchRows, np.ndarray, np.ndarray]] = []
         self._folded = None
