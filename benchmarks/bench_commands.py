@@ -1,6 +1,6 @@
 """Whole-process command latency (issue 19, items 2, 4 and 5).
 
-    python -m benchmarks.bench_commands --out DIR [--quick] [--rounds R]
+    python -m benchmarks.bench_commands --out DIR [--quick] [--rounds R] [--only TEXT]
 
 Every figure is the wall time of a ``fullece`` command run as users run it: a
 fresh subprocess of the installed entry point, start-up included, with
