@@ -1,6 +1,6 @@
 """Whole-process command latency (issue 19, items 2, 4 and 5).
 
-    python -m benchmarks.bench_commands --out DIR [--quick] [--rounds R]
+    python -m benchmarks.bench_commands --out DIR [--quick] [--rounds R] [--only TEXT]
 
 Every figure is the wall time of a ``fullece`` command run as users run it: a
 fresh subprocess of the installed entry point, start-up included, with
@@ -209,6 +209,9 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--only-real", action="store_true", help="skip the synthetic runs' commands")
     ap.add_argument("--no-report", action="store_true", help="skip `report` (the slowest)")
+    ap.add_argument(
+        "--only", default=None, help="time only the commands whose name contains this text"
+    )
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rounds = args.rounds or (2 if args.quick else 5)
@@ -238,6 +241,8 @@ def main(argv=None) -> int:
             chosen = [c for c in chosen if c["run"] in real.values()]
         if args.no_report:
             chosen = [c for c in chosen if not c["name"].startswith("report")]
+        if args.only:
+            chosen = [c for c in chosen if args.only in c["name"]]
         results = measure(chosen, rounds)
     finally:
         if args.data is None:

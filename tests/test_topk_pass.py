@@ -20,6 +20,15 @@ def case():
     return dense_case(200, 30, seed=5, docs=12)
 
 
+@pytest.fixture(params=["kernel", "numpy"])
+def map_path(request, monkeypatch):
+    """The compiled kernel or the numpy pass of small runs (topk_small), forced."""
+    from pipeline.aggregate import topk_small
+
+    monkeypatch.setattr(topk_small, "SMALL_RUN_ENTRIES", 0 if request.param == "kernel" else 10**12)
+    return request.param
+
+
 def _reseal(run):
     """Record the rewritten files' sha256 in the manifest, as a (buggy) writer
     would have: the checksum check passes and the kernel's own checks must fire."""
@@ -52,7 +61,7 @@ def _rewrite_kept(pos, row, column, value):
         ("kept_probs", float("nan"), r"row 7: kept probability outside \[0, 1\]"),
     ],
 )
-def test_bad_kept_entry_names_file_and_row(tmp_path, case, column, value, message):
+def test_bad_kept_entry_names_file_and_row(tmp_path, map_path, case, column, value, message):
     run = tmp_path / "run"
     write_run(run, case, k=3, shard_rows=200)
     pos = run / "shards" / "positions-00000.parquet"
@@ -82,7 +91,7 @@ def _rewrite_scalar(pos, row, column, value):
         ("doc_id", -(1 << 62), r"row 7: doc_id outside \[-\d+, \d+\]"),
     ],
 )
-def test_bad_position_names_file_and_row(tmp_path, case, column, value, message):
+def test_bad_position_names_file_and_row(tmp_path, map_path, case, column, value, message):
     """The per-position checks of the one pass fire before the row is counted."""
     run = tmp_path / "run"
     write_run(run, case, k=3, shard_rows=200)
@@ -93,7 +102,7 @@ def test_bad_position_names_file_and_row(tmp_path, case, column, value, message)
         aggregate([run])
 
 
-def test_label_kept_twice_is_refused(tmp_path, case):
+def test_label_kept_twice_is_refused(tmp_path, map_path, case):
     run = tmp_path / "run"
     write_run(run, case, k=3, shard_rows=200)
     pos = run / "shards" / "positions-00000.parquet"
@@ -111,7 +120,7 @@ def test_label_kept_twice_is_refused(tmp_path, case):
         aggregate([run])
 
 
-def test_interleaved_documents_sum_right(tmp_path):
+def test_interleaved_documents_sum_right(tmp_path, map_path):
     case = dense_case(240, 25, seed=8, docs=10)
     order = np.argsort(np.arange(case.n) % 7, kind="stable")  # documents split into runs
     for name in ("logits", "probs", "labels", "doc_ids", "lse"):
@@ -158,8 +167,9 @@ def test_grouping_through_every_growth_path(tmp_path, monkeypatch):
     emptied every few rows, seq rows grown from 4, documents interleaved and
     scratch arrays reused from shard to shard: the tables still equal the
     metric core's."""
-    from pipeline.aggregate import topk_pass
+    from pipeline.aggregate import topk_pass, topk_small
 
+    monkeypatch.setattr(topk_small, "SMALL_RUN_ENTRIES", 0)  # the kernel, however small the run
     case = dense_case(360, 3000, seed=12, docs=9, scale=2.0)
     order = np.argsort(np.arange(case.n) % 5, kind="stable")  # documents split into runs
     for name in ("logits", "probs", "labels", "doc_ids", "lse"):

@@ -340,9 +340,10 @@ def test_warm_up_compiles_every_kernel_the_map_step_uses(tmp_path, store):
     write_run(run, dense_case(n=400), store=store, k=40)
     code = f"""
 import json
-from pipeline.aggregate import _topk_kernel as topk, shard_map, topk_pass
+from pipeline.aggregate import _topk_kernel as topk, shard_map, topk_pass, topk_small
 from pipeline.core import _dense_kernel as dense
 from pipeline.store.run import open_runs
+topk_small.SMALL_RUN_ENTRIES = 0  # the kernel maps this small run too
 def counts():
     return {{m.__name__ + "." + n: len(getattr(m, n).signatures)
             for m in (topk, dense) for n in dir(m) if hasattr(getattr(m, n), "signatures")}}

@@ -56,6 +56,7 @@ def _aggregate_topk_shard(
     *,
     decode_threads: bool = True,
     kept: PartCache | None = None,
+    small: bool = False,
 ) -> dict:
     """Map one top-k shard to its partial tables in ONE pass over its kept entries.
 
@@ -64,6 +65,7 @@ def _aggregate_topk_shard(
     unused here (kept for the callers' signature). Memory: one batch plus the
     tables. ``decode_threads=False`` decodes on one thread (when several shards
     are mapped at once, pyarrow's pool would only oversubscribe the cores).
+    ``small``: the numpy pass of small runs (``topk_small``), same tables, no numba.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -72,6 +74,8 @@ def _aggregate_topk_shard(
     check_shard(shard)  # checksums, schemas, rows: nothing unverified is read
     pos_path, tail_path = shard.path("positions"), shard.path("class_tail")
     k = shard.vocab_size
+    if small:
+        from pipeline.aggregate.topk_small import SmallTopkShardPass as TopkShardPass
     state = TopkShardPass(vocab_size=k, fine_bins=fine_bins)
     columns = [
         "doc_id",
@@ -302,10 +306,14 @@ def build_parts(
     total = sum(s.rows for _, s, _ in todo)
     topk = [t for t in todo if t[1].store == "topk"]
     metas = {}
+    from pipeline.aggregate.topk_small import use_small_path
     from pipeline.progress import notice
 
-    notice("aggregate: loading the aggregation kernel (compiled on first use) ...", progress)
-    if topk:
+    # a small run is mapped in numpy: importing numba would cost more than it saves
+    small = use_small_path(shard for _, shard, _ in topk)
+    if not small or len(topk) < len(todo):
+        notice("aggregate: loading the aggregation kernel (compiled on first use) ...", progress)
+    if topk and not small:
         from pipeline.aggregate.topk_pass import warm_up
 
         warm_up(fine_bins)
@@ -316,7 +324,7 @@ def build_parts(
             if shard.store != "topk":
                 meta = _aggregate_full_shard(shard, part_dir, fine_bins, bar)
                 metas[part_dir] = _seal_part(part_dir, meta)
-        metas.update(_map_topk_shards(topk, fine_bins, bar, workers, kept))
+        metas.update(_map_topk_shards(topk, fine_bins, bar, workers, kept, small))
     done.extend((run, shard, part_dir, metas[part_dir]) for run, shard, part_dir in todo)
     return done, len(todo)
 
@@ -331,14 +339,18 @@ def _release_map_memory(*, decoded: bool = False) -> None:
         pa.default_memory_pool().release_unused()
 
 
-def _map_topk_one(shard: Shard, part_dir: Path, fine_bins: int, decode_threads: bool, kept) -> dict:
+def _map_topk_one(
+    shard: Shard, part_dir: Path, fine_bins: int, decode_threads: bool, kept, small=False
+) -> dict:
     meta = _aggregate_topk_shard(
-        None, shard, part_dir, fine_bins, decode_threads=decode_threads, kept=kept
+        None, shard, part_dir, fine_bins, decode_threads=decode_threads, kept=kept, small=small
     )
     return _seal_part(part_dir, meta)
 
 
-def _map_topk_shards(todo, fine_bins: int, bar, workers: int | None, kept=None) -> dict:
+def _map_topk_shards(
+    todo, fine_bins: int, bar, workers: int | None, kept=None, small: bool = False
+) -> dict:
     """Map top-k shards, `workers` at a time (default: one per core).
 
     The kernel is compiled ``nogil`` and pyarrow decodes without the GIL, so
@@ -352,13 +364,15 @@ def _map_topk_shards(todo, fine_bins: int, bar, workers: int | None, kept=None) 
     if workers == 1:
         metas = {}
         for _, shard, part_dir in todo:
-            metas[part_dir] = _map_topk_one(shard, part_dir, fine_bins, True, kept)
+            metas[part_dir] = _map_topk_one(shard, part_dir, fine_bins, True, kept, small)
             bar.update(shard.rows)
         return metas
     from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
     with ThreadPoolExecutor(workers, thread_name_prefix="aggregate-map") as pool:
-        futures = {pool.submit(_map_topk_one, s, p, fine_bins, False, kept): s for _, s, p in todo}
+        futures = {
+            pool.submit(_map_topk_one, s, p, fine_bins, False, kept, small): s for _, s, p in todo
+        }
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, return_when=FIRST_EXCEPTION)

@@ -191,23 +191,7 @@ class TopkShardPass:
         # class partitions: a power of two, ~_CLASSES_PER_PARTITION classes each
         self._parts = 1 << max(0, int(np.ceil(np.log2(max(1, k / _CLASSES_PER_PARTITION)))))
         self._region_bits = _capacity_hint["class_region_bits"]
-        self._threshold = bin1_threshold(f)
-        # a class's bin-1 sums share one 32-byte row (one cache line per bin-1
-        # entry; entries above bin 1 touch no per-class row: their class sums
-        # come from the class table at the end); attributes are column views
-        self._per_class = np.zeros((k, 4), np.int64)
-        self.bin1_n = self._per_class[:, 0]
-        self.bin1_hits = self._per_class[:, 1]
-        self.bin1_p_sum = self._per_class.view(np.float64)[:, 2]
-        self.label_count = np.zeros(k, np.int64)
-        self.top1_count = np.zeros(k, np.int64)
-        # per top-1 bin: TOP1_N, TOP1_CORRECT
-        self._top1_int = np.zeros((f + 1, 2), np.int64)
-        self._top1_conf = np.zeros(f + 1, np.float64)
-        # rows whose label is not kept, kept entries equal to the label, tail_count
-        self._totals = np.zeros(3, np.int64)
-        self._largest_tail = np.zeros(1, np.float32)
-        self.class_tail_n = np.zeros(k, np.int64)
+        self._dense_sums()
         # (class, bin) -> n, hits, p_sum, one region per class partition;
         # (doc, bin) -> n, hits, top1_n, correct, p_sum, conf
         scratch = _take_scratch()
@@ -231,15 +215,31 @@ class TopkShardPass:
         self._touched = np.zeros(f + 2, np.int64)
         self._current = np.zeros(2, np.int64)
 
+    def _dense_sums(self) -> None:
+        """The state of size O(K + F): per class, per top-1 bin, shard totals."""
+        k, f = self.vocab_size, self.fine_bins
+        self._threshold = bin1_threshold(f)
+        # a class's bin-1 sums share one 32-byte row (one cache line per bin-1
+        # entry; entries above bin 1 touch no per-class row: their class sums
+        # come from the class table at the end); attributes are column views
+        self._per_class = np.zeros((k, 4), np.int64)
+        self.bin1_n = self._per_class[:, 0]
+        self.bin1_hits = self._per_class[:, 1]
+        self.bin1_p_sum = self._per_class.view(np.float64)[:, 2]
+        self.label_count = np.zeros(k, np.int64)
+        self.top1_count = np.zeros(k, np.int64)
+        # per top-1 bin: TOP1_N, TOP1_CORRECT
+        self._top1_int = np.zeros((f + 1, 2), np.int64)
+        self._top1_conf = np.zeros(f + 1, np.float64)
+        # rows whose label is not kept, kept entries equal to the label, tail_count
+        self._totals = np.zeros(3, np.int64)
+        self._largest_tail = np.zeros(1, np.float32)
+        self.class_tail_n = np.zeros(k, np.int64)
+
     # ------------------------------------------------------------------ input
 
-    def add_batch(self, batch) -> None:
-        """One Arrow record batch of the positions schema (any row count)."""
-        kernels = _kernels()
-        k, f = self.vocab_size, self.fine_bins
-        n = batch.num_rows
-        if n == 0:
-            return
+    def _batch_rows(self, batch) -> BatchRows:
+        """The columns of a non-empty record batch, its kept entries in place."""
         col = batch.column
         kept_ids, kept_probs = col("kept_ids"), col("kept_probs")
         id_off = np.asarray(kept_ids.offsets)
@@ -250,21 +250,35 @@ class TopkShardPass:
         # entries of this batch only (a sliced batch's list buffers start earlier)
         ids = np.asarray(kept_ids.values)[id_off[0] : id_off[-1]]
         probs = np.asarray(kept_probs.values)[p_off[0] : p_off[-1]]
-        id_off = id_off - id_off[0]
-        longest = int(np.diff(id_off).max())
-        if self._buffer is None or self._buffer[0].size < longest:
-            self._group_buffer()
-            size = max(_BUFFER_ENTRIES, longest)
-            self._buffer = tuple(np.empty(size, dtype) for dtype in (np.int64, np.float32) * 2)
-        rows = BatchRows(
+        return BatchRows(
             ids,
             probs,
-            id_off,
+            id_off - id_off[0],
             *(
                 np.asarray(col(name))
                 for name in BatchRows._fields[3:]  # the positions columns of the same names
             ),
         )
+
+    def _row_error(self, code: KernelCode, row: int) -> KeptEntryError:
+        limit = _DOC_LIMIT // (self.fine_bins + 1)
+        message = ROW_ERRORS[code].format(k=self.vocab_size, limit=limit)
+        return KeptEntryError(message, self.positions + int(row))
+
+    def add_batch(self, batch) -> None:
+        """One Arrow record batch of the positions schema (any row count)."""
+        kernels = _kernels()
+        k, f = self.vocab_size, self.fine_bins
+        n = batch.num_rows
+        if n == 0:
+            return
+        rows = self._batch_rows(batch)
+        id_off = rows.offsets
+        longest = int(np.diff(id_off).max())
+        if self._buffer is None or self._buffer[0].size < longest:
+            self._group_buffer()
+            size = max(_BUFFER_ENTRIES, longest)
+            self._buffer = tuple(np.empty(size, dtype) for dtype in (np.int64, np.float32) * 2)
         rules = Rules(k, f, self._threshold, _DOC_LIMIT // (f + 1))
         sums = ShardSums(
             self.bin1_n,
@@ -290,8 +304,7 @@ class TopkShardPass:
             else:
                 break
         if code is not KernelCode.OK:
-            message = ROW_ERRORS[code].format(k=k, limit=_DOC_LIMIT // (f + 1))
-            raise KeptEntryError(message, self.positions + int(row))
+            raise self._row_error(code, row)
         self.kept_entries += int(id_off[-1])
         self.positions += n
 
@@ -393,13 +406,20 @@ class TopkShardPass:
             self.fine_bins,
         )
         seq_bins = _seq_bins(self._seq_rows[: int(self._seq_n[0])], stride)
+        _give_scratch({"class": self._class, "seq_rows": self._seq_rows, "buffer": self._buffer})
+        self._class = self._seq_rows = self._buffer = None
+        return self._table_columns((c_ids, c_bins, c_n, c_p, c_hits), p_mass, seq_bins)
+
+    def _table_columns(self, class_bins, p_mass, seq_bins: SparseBins) -> dict:
+        """The four partial tables from class_bins' columns (class_id, bin, n,
+        p_sum, hits in (class, bin) order), the class masses, seq_bins and the
+        dense per-class and top-1 sums."""
+        c_ids, c_bins, c_n, c_p, c_hits = class_bins
         top1_rows = np.flatnonzero(self._top1_int[:, fmt.TOP1_N])
         # classes with any kept or tail pair, label or top-1 position
         has_pairs = np.zeros(self.vocab_size, bool)
         has_pairs[c_ids] = True
         tokens = np.flatnonzero(has_pairs | (self.label_count > 0) | (self.top1_count > 0))
-        _give_scratch({"class": self._class, "seq_rows": self._seq_rows, "buffer": self._buffer})
-        self._class = self._seq_rows = self._buffer = None
         return {
             "class_bins": {
                 "class_id": c_ids,

@@ -106,12 +106,17 @@ _FEW_RUNS = 64
 _COMPILED_FROM = 1 << 24
 
 
+def _numpy_suffices(rows: int) -> bool:
+    """Whether grouping `rows` rows in numpy beats importing numba for it."""
+    return rows < _COMPILED_FROM and "numba" not in sys.modules
+
+
 def _segment_sums(values, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Sums of values[order] over the segments that begin at `starts`, in one
     compiled pass (no gathered copy); integers in int64 (exact), floats in
     float64, each segment summed in `order`."""
     v = np.asarray(values)
-    if order.size < _COMPILED_FROM and "numba" not in sys.modules:
+    if _numpy_suffices(order.size):
         # numpy, same sums to the bit (bincount adds in input order from 0.0, as
         # the kernel does; integers are exact in any order): importing numba
         # costs more than this path saves below ~10^7 rows
@@ -404,7 +409,9 @@ def sparse_merge_arrow(
     values = value_fields(name)
     ints = tuple(f.name for f in values if np.dtype(f.dtype).kind == "i")
     floats = tuple(f.name for f in values if np.dtype(f.dtype).kind == "f")
-    if len(tables) < 2 or not ints or not floats:
+    rows = sum(t.num_rows for t in tables)
+    if len(tables) < 2 or not ints or not floats or _numpy_suffices(rows):
+        # sparse_from_arrow sums a key's rows in input order, as the merge does
         return sparse_from_arrow(pa.concat_tables(tables or [_empty(name)]), name, fine_bins,
                                  vocab_size)  # fmt: skip
     from pipeline.core import _group_kernel
