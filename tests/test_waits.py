@@ -328,6 +328,56 @@ def test_temperature_bars_are_numbered_and_say_what_they_do(runs, tmp_path):
     assert _notices(text)[0].startswith("fullece: temperature: verifying 6 shards ("), text
 
 
+def _line_per_update(lines):
+    """A real LineProgress that writes a line at every update, into `lines`."""
+    from pipeline.progress import LineProgress
+
+    def factory(desc, *, total=None, **_):
+        return LineProgress(desc, total=total, stream=lines, every_seconds=0, every_fraction=0)
+
+    return factory
+
+
+def test_temperature_bar_moves_within_each_stored_block(runs, monkeypatch):
+    """A pass's bar moves after each step (STEP_BYTES_TIMES_T bytes of logits
+    times the pass's temperatures), not once per stored block: a block of
+    64 MB at 17 temperatures takes seconds. The scan does not change."""
+    import io
+    import math
+
+    from pipeline import progress
+    from pipeline.analysis import temperature as temp
+    from pipeline.core.temperature import REFINE_POINTS
+    from pipeline.store.run import iter_logit_blocks, open_verified_run
+
+    run = open_verified_run(runs / "full")
+    blocks = [b.shape[0] for s in run.shards for _, b, _ in iter_logit_blocks(s)]
+    whole = temp.temperature_for_run(runs / "full", quiet=True)
+    lines = io.StringIO()
+    monkeypatch.setattr(progress, "progress_bar", _line_per_update(lines))
+    k = run.vocab_size
+    monkeypatch.setattr(temp, "STEP_BYTES_TIMES_T", 4 * k * 17 * 10)  # pass 1: 10 rows a step
+    stepped = temp.temperature_for_run(runs / "full")
+    assert stepped["passes"] >= 2
+    for number in range(1, stepped["passes"] + 1):
+        rows = temp.step_rows(k, 17 if number == 1 else REFINE_POINTS)
+        assert rows == (10 if number == 1 else 21)
+        name = temp.pass_name(number, 17) + ": "
+        counts = [
+            int(line[len(name) :].split("/")[0].replace(",", ""))
+            for line in lines.getvalue().splitlines()
+            if line.startswith(name) and ": done, " not in line
+        ]
+        assert len(counts) == sum(math.ceil(b / rows) for b in blocks) > len(blocks)
+        assert max(b - a for a, b in zip([0, *counts], counts, strict=False)) == rows
+        assert counts[-1] == sum(blocks)
+    assert stepped["passes"] == whole["passes"]
+    for a, b in zip(
+        [*stepped["grid"], stepped["best"]], [*whole["grid"], whole["best"]], strict=True
+    ):
+        assert a == pytest.approx(b, rel=1e-12)
+
+
 # ------------------------------------------------------------------ the kernel
 
 
