@@ -378,6 +378,48 @@ def test_temperature_bar_moves_within_each_stored_block(runs, monkeypatch):
         assert a == pytest.approx(b, rel=1e-12)
 
 
+def test_dense_aggregate_bar_moves_within_each_stored_block(runs, tmp_path, monkeypatch):
+    """The map step of a full-store shard moves its bar after each step of
+    DENSE_STEP_BYTES per thread, not once per stored block; the tables do not change."""
+    import io
+    import math
+
+    import numpy as np
+
+    from pipeline import progress
+    from pipeline.aggregate import aggregate, shard_map
+    from pipeline.core.accumulator import default_threads
+    from pipeline.store.run import iter_logit_blocks, open_verified_run
+
+    reference = _fresh_copy(runs, "full", tmp_path / "ref")
+    aggregate(reference, progress=False)
+    run = _fresh_copy(runs, "full", tmp_path)
+    opened = open_verified_run(run)
+    blocks = [b.shape[0] for s in opened.shards for _, b, _ in iter_logit_blocks(s)]
+    k = opened.vocab_size
+    lines = io.StringIO()
+    monkeypatch.setattr(progress, "progress_bar", _line_per_update(lines))
+    monkeypatch.setattr(shard_map, "DENSE_STEP_BYTES", 4 * k * 7)  # 7 rows per thread
+    step = shard_map.dense_step_rows(k, default_threads())
+    assert step == 7 * default_threads()
+    aggregate(run, progress=True)
+    counts = [
+        int(line[len("aggregate: ") :].split("/")[0].replace(",", ""))
+        for line in lines.getvalue().splitlines()
+        if line.startswith("aggregate: ") and ": done, " not in line
+    ]
+    assert len(counts) == sum(math.ceil(b / step) for b in blocks) > len(blocks)
+    assert max(b - a for a, b in zip([0, *counts], counts, strict=False)) == step
+    got, want = _tables(run / "tables"), _tables(reference / "tables")
+    assert got.keys() == want.keys() and got
+    for name in want:
+        assert got[name].column_names == want[name].column_names
+        for column in want[name].column_names:
+            a = got[name].column(column).to_numpy()
+            b = want[name].column(column).to_numpy()
+            assert np.allclose(a, b, rtol=1e-12, atol=0), (name, column)
+
+
 # ------------------------------------------------------------------ the kernel
 
 

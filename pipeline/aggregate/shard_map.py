@@ -166,6 +166,16 @@ def _warm_up_dense(fine_bins: int, rows: int = 300) -> None:
     acc.compute()
 
 
+# Logits per thread in one step of a dense shard's map (the accumulator's task
+# size, so that every thread works in each step): a fraction of a second.
+DENSE_STEP_BYTES = 16 << 20
+
+
+def dense_step_rows(vocab_size: int, threads: int) -> int:
+    """Rows of float32 logits [r, K] a dense shard's map step takes (at least 1)."""
+    return max(1, DENSE_STEP_BYTES * max(1, int(threads)) // (4 * int(vocab_size)))
+
+
 def _aggregate_full_shard(shard: Shard, part_dir: Path, fine_bins: int, bar=None) -> dict:
     from pipeline.core.accumulator import CalibrationAccumulator
     from pipeline.core.checks import InputError
@@ -176,14 +186,18 @@ def _aggregate_full_shard(shard: Shard, part_dir: Path, fine_bins: int, bar=None
     doc_ids = cols.column("doc_id").to_numpy()
     labels = cols.column("label").to_numpy()
     acc = CalibrationAccumulator(vocab_size=shard.vocab_size, fine_bins=fine_bins)
-    for start, block, lse in iter_logit_blocks(shard):
-        stop = start + block.shape[0]
-        try:
-            acc.update_logits(block, labels[start:stop], doc_ids[start:stop], logsumexp=lse)
-        except InputError as err:
-            raise AggregateError(f"{zpath}: rows {start}..{stop - 1}: {err}") from err
-        if bar is not None:
-            bar.update(stop - start)
+    step = dense_step_rows(shard.vocab_size, acc.threads)
+    for first, whole, whole_lse in iter_logit_blocks(shard):
+        # the bar moves after each step, not once per stored block (seconds)
+        for at in range(0, whole.shape[0], step):
+            block, lse = whole[at : at + step], whole_lse[at : at + step]
+            start, stop = first + at, first + at + block.shape[0]
+            try:
+                acc.update_logits(block, labels[start:stop], doc_ids[start:stop], logsumexp=lse)
+            except InputError as err:
+                raise AggregateError(f"{zpath}: rows {start}..{stop - 1}: {err}") from err
+            if bar is not None:
+                bar.update(stop - start)
     tables = acc.compute()
     arrow = tables.to_arrow()
     with atomic.atomic_path(part_dir) as tmp:
