@@ -420,6 +420,42 @@ def test_dense_aggregate_bar_moves_within_each_stored_block(runs, tmp_path, monk
             assert np.allclose(a, b, rtol=1e-12, atol=0), (name, column)
 
 
+_REPORT_IMPORT = "importing pipeline.analysis.report"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quiet", [False, True])
+def test_report_announces_itself_before_its_imports(runs, tmp_path, quiet):
+    """`report` says what it does before it imports the report code (and,
+    after that, the tables' checks, relplot and matplotlib): its start-up is
+    not silent. An import hook in the real process marks the import."""
+    run = _fresh_copy(runs, "topk", tmp_path)
+    args = ["report", str(run), "--out", str(tmp_path / "report"), *(["--quiet"] if quiet else [])]
+    code = f"""
+import sys
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "pipeline.analysis.report":
+            sys.stderr.write({_REPORT_IMPORT!r} + "\\n")
+            sys.stderr.flush()
+        return None
+sys.meta_path.insert(0, Spy())
+from pipeline.cli import main
+sys.argv = ["fullece", *{args!r}]
+main()
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    if quiet:
+        assert lines == [_REPORT_IMPORT], done.stderr
+        return
+    assert lines[0] == f"fullece: report: checking {run} and loading the tables ...", done.stderr
+    assert lines[1] == _REPORT_IMPORT, done.stderr
+
+
 # ------------------------------------------------------------------ the kernel
 
 
