@@ -420,6 +420,34 @@ def test_dense_aggregate_bar_moves_within_each_stored_block(runs, tmp_path, monk
             assert np.allclose(a, b, rtol=1e-12, atol=0), (name, column)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_topk_aggregate_bar_moves_after_each_batch(runs, tmp_path, monkeypatch, workers):
+    """The map step of top-k shards moves its bar after each decoded batch of
+    any shard, also while several shards are mapped at once (it used to move
+    only once every shard was done)."""
+    import io
+    import math
+
+    from pipeline import progress
+    from pipeline.aggregate import shard_map, topk_pass
+    from pipeline.store.run import open_runs
+
+    run = _fresh_copy(runs, "topk", tmp_path)
+    opened = open_runs([run])
+    rows = [s.rows for s in opened[0].shards]
+    lines = io.StringIO()
+    monkeypatch.setattr(progress, "progress_bar", _line_per_update(lines))
+    monkeypatch.setattr(topk_pass, "BATCH_ROWS", 30)
+    shard_map.build_parts(opened, run / "tables", 1000, progress=True, workers=workers)
+    counts = [
+        int(line[len("aggregate: ") :].split("/")[0].replace(",", ""))
+        for line in lines.getvalue().splitlines()
+        if line.startswith("aggregate: ") and ": done, " not in line
+    ]
+    assert len(counts) == sum(math.ceil(r / 30) for r in rows) > len(rows), lines.getvalue()
+    assert counts[-1] == sum(rows)
+
+
 _REPORT_IMPORT = "importing pipeline.analysis.report"
 
 

@@ -56,6 +56,7 @@ def _aggregate_topk_shard(
     *,
     decode_threads: bool = True,
     kept: PartCache | None = None,
+    advance=None,
 ) -> dict:
     """Map one top-k shard to its partial tables in ONE pass over its kept entries.
 
@@ -64,6 +65,7 @@ def _aggregate_topk_shard(
     unused here (kept for the callers' signature). Memory: one batch plus the
     tables. ``decode_threads=False`` decodes on one thread (when several shards
     are mapped at once, pyarrow's pool would only oversubscribe the cores).
+    ``advance(rows)``, when given, is called after each batch (the bar).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -95,6 +97,8 @@ def _aggregate_topk_shard(
             while (batch := upcoming.result()) is not None:
                 upcoming = reader.submit(next, batches, None)
                 state.add_batch(batch)
+                if advance is not None:
+                    advance(batch.num_rows)
     except KeptEntryError as err:
         raise AggregateError(f"{pos_path}: row {err.row}: {err} (shard fails validation)") from err
     if state.label_rows_missing:
@@ -361,9 +365,11 @@ def _release_map_memory(*, decoded: bool = False) -> None:
         pa.default_memory_pool().release_unused()
 
 
-def _map_topk_one(shard: Shard, part_dir: Path, fine_bins: int, decode_threads: bool, kept) -> dict:
+def _map_topk_one(
+    shard: Shard, part_dir: Path, fine_bins: int, decode_threads: bool, kept, advance=None
+) -> dict:
     meta = _aggregate_topk_shard(
-        None, shard, part_dir, fine_bins, decode_threads=decode_threads, kept=kept
+        None, shard, part_dir, fine_bins, decode_threads=decode_threads, kept=kept, advance=advance
     )
     return _seal_part(part_dir, meta)
 
@@ -378,21 +384,29 @@ def _map_topk_shards(todo, fine_bins: int, bar, workers: int | None, kept=None) 
     sharing pyarrow's pool on 2 cores). The first failing shard (in shard order)
     raises its own error, which names its file; shards not yet started are cancelled.
     """
+    import threading
+
     workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
+    lock = threading.Lock()
+
+    def advance(rows: int) -> None:  # the bar moves after each batch of any shard
+        with lock:
+            bar.update(rows)
+
     if workers == 1:
         metas = {}
         for _, shard, part_dir in todo:
-            metas[part_dir] = _map_topk_one(shard, part_dir, fine_bins, True, kept)
-            bar.update(shard.rows)
+            metas[part_dir] = _map_topk_one(shard, part_dir, fine_bins, True, kept, advance)
         return metas
     from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
     with ThreadPoolExecutor(workers, thread_name_prefix="aggregate-map") as pool:
-        futures = {pool.submit(_map_topk_one, s, p, fine_bins, False, kept): s for _, s, p in todo}
+        futures = {
+            pool.submit(_map_topk_one, s, p, fine_bins, False, kept, advance): s for _, s, p in todo
+        }
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
-            bar.update(sum(futures[f].rows for f in finished if f.exception() is None))
             if any(f.exception() is not None for f in finished):
                 for future in pending:
                     future.cancel()
