@@ -328,6 +328,162 @@ def test_temperature_bars_are_numbered_and_say_what_they_do(runs, tmp_path):
     assert _notices(text)[0].startswith("fullece: temperature: verifying 6 shards ("), text
 
 
+def _line_per_update(lines):
+    """A real LineProgress that writes a line at every update, into `lines`."""
+    from pipeline.progress import LineProgress
+
+    def factory(desc, *, total=None, **_):
+        return LineProgress(desc, total=total, stream=lines, every_seconds=0, every_fraction=0)
+
+    return factory
+
+
+def test_temperature_bar_moves_within_each_stored_block(runs, monkeypatch):
+    """A pass's bar moves after each step (STEP_BYTES_TIMES_T bytes of logits
+    times the pass's temperatures), not once per stored block: a block of
+    64 MB at 17 temperatures takes seconds. The scan does not change."""
+    import io
+    import math
+
+    from pipeline import progress
+    from pipeline.analysis import temperature as temp
+    from pipeline.core.temperature import REFINE_POINTS
+    from pipeline.store.run import iter_logit_blocks, open_verified_run
+
+    run = open_verified_run(runs / "full")
+    blocks = [b.shape[0] for s in run.shards for _, b, _ in iter_logit_blocks(s)]
+    whole = temp.temperature_for_run(runs / "full", quiet=True)
+    lines = io.StringIO()
+    monkeypatch.setattr(progress, "progress_bar", _line_per_update(lines))
+    k = run.vocab_size
+    monkeypatch.setattr(temp, "STEP_BYTES_TIMES_T", 4 * k * 17 * 10)  # pass 1: 10 rows a step
+    stepped = temp.temperature_for_run(runs / "full")
+    assert stepped["passes"] >= 2
+    for number in range(1, stepped["passes"] + 1):
+        rows = temp.step_rows(k, 17 if number == 1 else REFINE_POINTS)
+        assert rows == (10 if number == 1 else 21)
+        name = temp.pass_name(number, 17) + ": "
+        counts = [
+            int(line[len(name) :].split("/")[0].replace(",", ""))
+            for line in lines.getvalue().splitlines()
+            if line.startswith(name) and ": done, " not in line
+        ]
+        assert len(counts) == sum(math.ceil(b / rows) for b in blocks) > len(blocks)
+        assert max(b - a for a, b in zip([0, *counts], counts, strict=False)) == rows
+        assert counts[-1] == sum(blocks)
+    assert stepped["passes"] == whole["passes"]
+    for a, b in zip(
+        [*stepped["grid"], stepped["best"]], [*whole["grid"], whole["best"]], strict=True
+    ):
+        assert a == pytest.approx(b, rel=1e-12)
+
+
+def test_dense_aggregate_bar_moves_within_each_stored_block(runs, tmp_path, monkeypatch):
+    """The map step of a full-store shard moves its bar after each step of
+    DENSE_STEP_BYTES per thread, not once per stored block; the tables do not change."""
+    import io
+    import math
+
+    import numpy as np
+
+    from pipeline import progress
+    from pipeline.aggregate import aggregate, shard_map
+    from pipeline.core.accumulator import default_threads
+    from pipeline.store.run import iter_logit_blocks, open_verified_run
+
+    reference = _fresh_copy(runs, "full", tmp_path / "ref")
+    aggregate(reference, progress=False)
+    run = _fresh_copy(runs, "full", tmp_path)
+    opened = open_verified_run(run)
+    blocks = [b.shape[0] for s in opened.shards for _, b, _ in iter_logit_blocks(s)]
+    k = opened.vocab_size
+    lines = io.StringIO()
+    monkeypatch.setattr(progress, "progress_bar", _line_per_update(lines))
+    monkeypatch.setattr(shard_map, "DENSE_STEP_BYTES", 4 * k * 7)  # 7 rows per thread
+    step = shard_map.dense_step_rows(k, default_threads())
+    assert step == 7 * default_threads()
+    aggregate(run, progress=True)
+    counts = [
+        int(line[len("aggregate: ") :].split("/")[0].replace(",", ""))
+        for line in lines.getvalue().splitlines()
+        if line.startswith("aggregate: ") and ": done, " not in line
+    ]
+    assert len(counts) == sum(math.ceil(b / step) for b in blocks) > len(blocks)
+    assert max(b - a for a, b in zip([0, *counts], counts, strict=False)) == step
+    got, want = _tables(run / "tables"), _tables(reference / "tables")
+    assert got.keys() == want.keys() and got
+    for name in want:
+        assert got[name].column_names == want[name].column_names
+        for column in want[name].column_names:
+            a = got[name].column(column).to_numpy()
+            b = want[name].column(column).to_numpy()
+            assert np.allclose(a, b, rtol=1e-12, atol=0), (name, column)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_topk_aggregate_bar_moves_after_each_batch(runs, tmp_path, monkeypatch, workers):
+    """The map step of top-k shards moves its bar after each decoded batch of
+    any shard, also while several shards are mapped at once (it used to move
+    only once every shard was done)."""
+    import io
+    import math
+
+    from pipeline import progress
+    from pipeline.aggregate import shard_map, topk_pass
+    from pipeline.store.run import open_runs
+
+    run = _fresh_copy(runs, "topk", tmp_path)
+    opened = open_runs([run])
+    rows = [s.rows for s in opened[0].shards]
+    lines = io.StringIO()
+    monkeypatch.setattr(progress, "progress_bar", _line_per_update(lines))
+    monkeypatch.setattr(topk_pass, "BATCH_ROWS", 30)
+    shard_map.build_parts(opened, run / "tables", 1000, progress=True, workers=workers)
+    counts = [
+        int(line[len("aggregate: ") :].split("/")[0].replace(",", ""))
+        for line in lines.getvalue().splitlines()
+        if line.startswith("aggregate: ") and ": done, " not in line
+    ]
+    assert len(counts) == sum(math.ceil(r / 30) for r in rows) > len(rows), lines.getvalue()
+    assert counts[-1] == sum(rows)
+
+
+_REPORT_IMPORT = "importing pipeline.analysis.report"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quiet", [False, True])
+def test_report_announces_itself_before_its_imports(runs, tmp_path, quiet):
+    """`report` says what it does before it imports the report code (and,
+    after that, the tables' checks, relplot and matplotlib): its start-up is
+    not silent. An import hook in the real process marks the import."""
+    run = _fresh_copy(runs, "topk", tmp_path)
+    args = ["report", str(run), "--out", str(tmp_path / "report"), *(["--quiet"] if quiet else [])]
+    code = f"""
+import sys
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "pipeline.analysis.report":
+            sys.stderr.write({_REPORT_IMPORT!r} + "\\n")
+            sys.stderr.flush()
+        return None
+sys.meta_path.insert(0, Spy())
+from pipeline.cli import main
+sys.argv = ["fullece", *{args!r}]
+main()
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    if quiet:
+        assert lines == [_REPORT_IMPORT], done.stderr
+        return
+    assert lines[0] == f"fullece: report: checking {run} and loading the tables ...", done.stderr
+    assert lines[1] == _REPORT_IMPORT, done.stderr
+
+
 # ------------------------------------------------------------------ the kernel
 
 

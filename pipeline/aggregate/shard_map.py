@@ -57,6 +57,7 @@ def _aggregate_topk_shard(
     decode_threads: bool = True,
     kept: PartCache | None = None,
     small: bool = False,
+    advance=None,
 ) -> dict:
     """Map one top-k shard to its partial tables in ONE pass over its kept entries.
 
@@ -66,6 +67,7 @@ def _aggregate_topk_shard(
     tables. ``decode_threads=False`` decodes on one thread (when several shards
     are mapped at once, pyarrow's pool would only oversubscribe the cores).
     ``small``: the numpy pass of small runs (``topk_small``), same tables, no numba.
+    ``advance(rows)``, when given, is called after each batch (the bar).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -99,6 +101,8 @@ def _aggregate_topk_shard(
             while (batch := upcoming.result()) is not None:
                 upcoming = reader.submit(next, batches, None)
                 state.add_batch(batch)
+                if advance is not None:
+                    advance(batch.num_rows)
     except KeptEntryError as err:
         raise AggregateError(f"{pos_path}: row {err.row}: {err} (shard fails validation)") from err
     if state.label_rows_missing:
@@ -161,6 +165,16 @@ def _warm_up_dense(fine_bins: int, rows: int = 300) -> None:
     acc.compute()
 
 
+# Logits per thread in one step of a dense shard's map (the accumulator's task
+# size, so that every thread works in each step): a fraction of a second.
+DENSE_STEP_BYTES = 16 << 20
+
+
+def dense_step_rows(vocab_size: int, threads: int) -> int:
+    """Rows of float32 logits [r, K] a dense shard's map step takes (at least 1)."""
+    return max(1, DENSE_STEP_BYTES * max(1, int(threads)) // (4 * int(vocab_size)))
+
+
 def _aggregate_full_shard(shard: Shard, part_dir: Path, fine_bins: int, bar=None) -> dict:
     from pipeline.core.accumulator import CalibrationAccumulator
     from pipeline.core.checks import InputError
@@ -171,14 +185,18 @@ def _aggregate_full_shard(shard: Shard, part_dir: Path, fine_bins: int, bar=None
     doc_ids = cols.column("doc_id").to_numpy()
     labels = cols.column("label").to_numpy()
     acc = CalibrationAccumulator(vocab_size=shard.vocab_size, fine_bins=fine_bins)
-    for start, block, lse in iter_logit_blocks(shard):
-        stop = start + block.shape[0]
-        try:
-            acc.update_logits(block, labels[start:stop], doc_ids[start:stop], logsumexp=lse)
-        except InputError as err:
-            raise AggregateError(f"{zpath}: rows {start}..{stop - 1}: {err}") from err
-        if bar is not None:
-            bar.update(stop - start)
+    step = dense_step_rows(shard.vocab_size, acc.threads)
+    for first, whole, whole_lse in iter_logit_blocks(shard):
+        # the bar moves after each step, not once per stored block (seconds)
+        for at in range(0, whole.shape[0], step):
+            block, lse = whole[at : at + step], whole_lse[at : at + step]
+            start, stop = first + at, first + at + block.shape[0]
+            try:
+                acc.update_logits(block, labels[start:stop], doc_ids[start:stop], logsumexp=lse)
+            except InputError as err:
+                raise AggregateError(f"{zpath}: rows {start}..{stop - 1}: {err}") from err
+            if bar is not None:
+                bar.update(stop - start)
     tables = acc.compute()
     arrow = tables.to_arrow()
     with atomic.atomic_path(part_dir) as tmp:
@@ -340,10 +358,23 @@ def _release_map_memory(*, decoded: bool = False) -> None:
 
 
 def _map_topk_one(
-    shard: Shard, part_dir: Path, fine_bins: int, decode_threads: bool, kept, small=False
+    shard: Shard,
+    part_dir: Path,
+    fine_bins: int,
+    decode_threads: bool,
+    kept,
+    small=False,
+    advance=None,
 ) -> dict:
     meta = _aggregate_topk_shard(
-        None, shard, part_dir, fine_bins, decode_threads=decode_threads, kept=kept, small=small
+        None,
+        shard,
+        part_dir,
+        fine_bins,
+        decode_threads=decode_threads,
+        kept=kept,
+        small=small,
+        advance=advance,
     )
     return _seal_part(part_dir, meta)
 
@@ -360,23 +391,30 @@ def _map_topk_shards(
     sharing pyarrow's pool on 2 cores). The first failing shard (in shard order)
     raises its own error, which names its file; shards not yet started are cancelled.
     """
+    import threading
+
     workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
+    lock = threading.Lock()
+
+    def advance(rows: int) -> None:  # the bar moves after each batch of any shard
+        with lock:
+            bar.update(rows)
+
     if workers == 1:
         metas = {}
         for _, shard, part_dir in todo:
-            metas[part_dir] = _map_topk_one(shard, part_dir, fine_bins, True, kept, small)
-            bar.update(shard.rows)
+            metas[part_dir] = _map_topk_one(shard, part_dir, fine_bins, True, kept, small, advance)
         return metas
     from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
     with ThreadPoolExecutor(workers, thread_name_prefix="aggregate-map") as pool:
         futures = {
-            pool.submit(_map_topk_one, s, p, fine_bins, False, kept, small): s for _, s, p in todo
+            pool.submit(_map_topk_one, s, p, fine_bins, False, kept, small, advance): s
+            for _, s, p in todo
         }
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
-            bar.update(sum(futures[f].rows for f in finished if f.exception() is None))
             if any(f.exception() is not None for f in finished):
                 for future in pending:
                     future.cancel()

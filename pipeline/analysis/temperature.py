@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.core.temperature import DEFAULT_GRID, temperature_scan
+from pipeline.core.temperature import DEFAULT_GRID, REFINE_POINTS, temperature_scan
 from pipeline.store.manifest import RunError
 
 TEMPERATURE_JSON_VERSION = 1
@@ -18,6 +18,18 @@ def pass_name(number: int, grid_points: int) -> str:
     evaluates the grid; the later ones, as many as it takes, locate T*)."""
     what = f"grid of {grid_points} T" if number == 1 else "locating T*"
     return f"temperature pass {number} ({what})"
+
+
+# The bar of a pass moves after each step: a slice of rows whose logits, times
+# the temperatures the pass evaluates on them, come to at most this many bytes.
+# A stored block (64 MB of logits) would take seconds at 17 temperatures before
+# the bar moved; a step takes a fraction of a second (docs/progress.md).
+STEP_BYTES_TIMES_T = 16 << 20
+
+
+def step_rows(vocab_size: int, temperatures: int) -> int:
+    """Rows per step of a pass evaluating `temperatures` temperatures (at least 1)."""
+    return max(1, STEP_BYTES_TIMES_T // (4 * int(vocab_size) * max(1, int(temperatures))))
 
 
 def _run_blocks(run, progress: bool, grid_points: int):
@@ -34,15 +46,19 @@ def _run_blocks(run, progress: bool, grid_points: int):
             from pipeline.progress import progress_bar
 
             bar = progress_bar(pass_name(passes, grid_points), total=total, leave=False)
+        # pass 1 evaluates the grid; a later pass at most REFINE_POINTS temperatures
+        step = step_rows(run.vocab_size, grid_points if passes == 1 else REFINE_POINTS)
         for shard in run.shards:
             if shard.rows == 0:
                 continue
             labels = read_positions(shard, ["label"])  # verified, labels in [0, K)
             labels = labels.column("label").to_numpy().astype(np.int64)
             for start, block, _lse in iter_logit_blocks(shard):
-                yield block, labels[start : start + block.shape[0]]
-                if bar is not None:
-                    bar.update(block.shape[0])
+                for a in range(0, block.shape[0], step):
+                    part = block[a : a + step]
+                    yield part, labels[start + a : start + a + part.shape[0]]
+                    if bar is not None:
+                        bar.update(part.shape[0])
         if bar is not None:
             bar.close()
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from pipeline.analysis.report import write_report
 from pipeline.cli.common import ReadingCommand, resumable
 from pipeline.store.manifest import RunError
 
@@ -34,6 +33,12 @@ from pipeline.store.manifest import RunError
 )
 def report(run_dirs, out_dir, quiet, partial, force):
     """PNG figures and a self-contained HTML page for one or several runs."""
+    from pipeline.progress import notice
+
+    # before the report's own imports and the tables' checks: seconds on a busy machine
+    what = run_dirs[0] if len(run_dirs) == 1 else f"{len(run_dirs)} runs"
+    notice(f"report: checking {what} and loading the tables ...", not quiet)
+    from pipeline.analysis.report import write_report
     from pipeline.store.run import describe_coverage, require_complete
 
     _check_out_dir(out_dir, run_dirs)
