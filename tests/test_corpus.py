@@ -121,6 +121,9 @@ def test_split_is_deduplicated_deterministic_and_by_hash():
 # 1 in 10. The real default (all of DOC_PACKAGES, 1 in 16) is built once, below.
 SMALL = dict(packages=("click", "jinja2"), modulus=10)
 
+# each corpus is built once a session: with xdist (make test) this module's tests share a worker
+pytestmark = pytest.mark.xdist_group("corpus")
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):

@@ -30,7 +30,8 @@ UNAVAILABLE = (
     "Temporary failure in name resolution",
 )
 
-pytestmark = pytest.mark.slow
+# one wheel and venv per session: with xdist (make test) these tests share a worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel_install")]
 
 
 def _run(cmd, **kw):
