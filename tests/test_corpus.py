@@ -125,7 +125,7 @@ SMALL = dict(packages=("click", "jinja2"), modulus=10)
 pytestmark = pytest.mark.xdist_group("corpus")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: never built again when xdist interleaves modules
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus") / "default"
     return out, build_default_corpus(out, **SMALL)
@@ -175,7 +175,7 @@ def test_damaged_corpus_is_rebuilt_identically(built, tmp_path):
     assert again["files"] == info["files"]  # deterministic for this Python
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: never built again when xdist interleaves modules
 def default_built(tmp_path_factory):
     """The real default corpus (about 15 s on 2 cores)."""
     out = tmp_path_factory.mktemp("corpus") / "full"

@@ -145,7 +145,7 @@ def test_training_refuses_a_second_pass(tmp_path):
 pytestmark = pytest.mark.xdist_group("default_mini")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: never built again when xdist interleaves modules
 def mini(tmp_path_factory):
     """`fullece default extract` on a miniature: user corpus, tiny training settings."""
     pytest.importorskip("torch")
