@@ -121,11 +121,8 @@ def test_split_is_deduplicated_deterministic_and_by_hash():
 # 1 in 10. The real default (all of DOC_PACKAGES, 1 in 16) is built once, below.
 SMALL = dict(packages=("click", "jinja2"), modulus=10)
 
-# each corpus is built once a session: with xdist (make test) this module's tests share a worker
-pytestmark = pytest.mark.xdist_group("corpus")
 
-
-@pytest.fixture(scope="session")  # session: never built again when xdist interleaves modules
+@pytest.fixture(scope="session")  # once per xdist worker, however its tests interleave
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus") / "default"
     return out, build_default_corpus(out, **SMALL)
@@ -175,7 +172,7 @@ def test_damaged_corpus_is_rebuilt_identically(built, tmp_path):
     assert again["files"] == info["files"]  # deterministic for this Python
 
 
-@pytest.fixture(scope="session")  # session: never built again when xdist interleaves modules
+@pytest.fixture(scope="session")  # once per xdist worker, however its tests interleave
 def default_built(tmp_path_factory):
     """The real default corpus (about 15 s on 2 cores)."""
     out = tmp_path_factory.mktemp("corpus") / "full"

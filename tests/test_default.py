@@ -141,11 +141,7 @@ def test_training_refuses_a_second_pass(tmp_path):
     assert not list((tmp_path / "m").glob("ckpt-*"))  # refused before any step
 
 
-# the miniature is trained once a session: with xdist (make test) its tests share a worker
-pytestmark = pytest.mark.xdist_group("default_mini")
-
-
-@pytest.fixture(scope="session")  # session: never built again when xdist interleaves modules
+@pytest.fixture(scope="session")  # once per xdist worker, however its tests interleave
 def mini(tmp_path_factory):
     """`fullece default extract` on a miniature: user corpus, tiny training settings."""
     pytest.importorskip("torch")

@@ -30,8 +30,7 @@ UNAVAILABLE = (
     "Temporary failure in name resolution",
 )
 
-# one wheel and venv per session: with xdist (make test) these tests share a worker
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel_install")]
+pytestmark = pytest.mark.slow
 
 
 def _run(cmd, **kw):
