@@ -72,11 +72,13 @@ $(STAMP): pyproject.toml $(LOCK)
 lock: $(STAMP)
 	$(PY) -m pipeline.demo.lock pyproject.toml > $(LOCK).tmp && mv $(LOCK).tmp $(LOCK)
 
+# One worker per core (pytest-xdist, dev extra); expensive fixtures are
+# session-scoped, so each worker builds them at most once.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n auto -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pipeline tests benchmarks

@@ -122,7 +122,7 @@ def test_split_is_deduplicated_deterministic_and_by_hash():
 SMALL = dict(packages=("click", "jinja2"), modulus=10)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per xdist worker, however its tests interleave
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus") / "default"
     return out, build_default_corpus(out, **SMALL)
@@ -172,7 +172,7 @@ def test_damaged_corpus_is_rebuilt_identically(built, tmp_path):
     assert again["files"] == info["files"]  # deterministic for this Python
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per xdist worker, however its tests interleave
 def default_built(tmp_path_factory):
     """The real default corpus (about 15 s on 2 cores)."""
     out = tmp_path_factory.mktemp("corpus") / "full"

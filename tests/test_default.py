@@ -141,7 +141,7 @@ def test_training_refuses_a_second_pass(tmp_path):
     assert not list((tmp_path / "m").glob("ckpt-*"))  # refused before any step
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per xdist worker, however its tests interleave
 def mini(tmp_path_factory):
     """`fullece default extract` on a miniature: user corpus, tiny training settings."""
     pytest.importorskip("torch")

@@ -86,8 +86,21 @@ def _torchrun(*cmd, env=None, **kw):
 
 
 def _single(args):
-    ref = subprocess.run([str(FULLECE), *args], cwd=ROOT, env=_env(), capture_output=True)
-    assert ref.returncode == 0, ref.stderr.decode()[-3000:]
+    """The reference: the same command in this one process (world size 1), on one
+    thread as each rank runs (OMP_NUM_THREADS=1), so the floats are comparable. In
+    process, not a child: a child would import torch again for each case."""
+    import torch
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ref = CliRunner().invoke(main, args)
+    finally:
+        torch.set_num_threads(threads)
+    assert ref.exit_code == 0, ref.output[-3000:]
 
 
 def _positions(run):
