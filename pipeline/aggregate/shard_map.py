@@ -77,8 +77,11 @@ def _aggregate_topk_shard(
     pos_path, tail_path = shard.path("positions"), shard.path("class_tail")
     k = shard.vocab_size
     if small:
-        from pipeline.aggregate.topk_small import SmallTopkShardPass as TopkShardPass
-    state = TopkShardPass(vocab_size=k, fine_bins=fine_bins)
+        from pipeline.aggregate.topk_small import SmallTopkShardPass
+
+        state = SmallTopkShardPass(vocab_size=k, fine_bins=fine_bins)
+    else:
+        state = TopkShardPass(vocab_size=k, fine_bins=fine_bins)
     columns = [
         "doc_id",
         "label",

@@ -6,10 +6,11 @@ its time importing numba and loading the cached kernels of ``topk_pass``
 makes the same partial tables from the same checks with vectorised numpy,
 bit for bit (tests/test_topk_small.py forces each path on the same shards):
 
-* every float64 sum is an ``np.bincount`` whose weights come in the order in
-  which the kernel adds them (bincount adds each weight in input order to a
-  0.0, as the kernel's zeroed sums do); groups are found with a stable sort,
-  which keeps that order within a group; integer sums are exact in any order;
+* every float64 sum adds its values in the order in which the kernel adds
+  them: per class in ``np.bincount`` (each weight in input order to a 0.0, as
+  the kernel's zeroed sums do), per (class, bin) and (doc, bin) in
+  ``core.tables.group_sum`` (which keeps a key's rows in input order);
+  integer sums are exact in any order;
 * a shard is folded at once, so it is held in memory until its tables are
   made: the path is chosen only for runs below ``SMALL_RUN_ENTRIES`` kept
   entries (``use_small_path``).
@@ -22,6 +23,7 @@ import numpy as np
 from pipeline.aggregate import topk_format as fmt
 from pipeline.aggregate.topk_format import BatchRows, KernelCode, Rules
 from pipeline.aggregate.topk_pass import _DOC_LIMIT, TopkShardPass, _seq_bins
+from pipeline.core.tables import group_sum
 
 # Kept entries (all top-k shards of one `fullece aggregate` together) below
 # which the numpy pass is used (about 30,000 positions at 64 kept). Measured
@@ -97,43 +99,6 @@ def _first_bad_row(rows: BatchRows, rules: Rules, entry_rows: np.ndarray):
     return KernelCode.OK, -1
 
 
-# Key ranges up to this size (or 4 x the rows) are summed over a dense key
-# index (bincount by key: no sort); larger ones are sorted first.
-_DENSE_KEYS = 1 << 22
-
-
-def _dense(key_range: int, rows: int) -> bool:
-    return key_range <= max(_DENSE_KEYS, 4 * rows)
-
-
-def _group_sums(keys: np.ndarray, key_range: int, ints: dict, floats: dict):
-    """Unique sorted int64 `keys` (in [0, key_range)) and, per key, the sums
-    of each column: floats in float64 added in input order from 0.0 (bincount
-    adds in input order; a stable sort keeps a key's rows in it), integers
-    exactly (as float64 below 2^53 on the dense path, then int64)."""
-    dense = _dense(key_range, keys.size)
-    if dense:
-        present = np.flatnonzero(np.bincount(keys, minlength=key_range))
-        group, groups = keys, key_range
-    else:
-        order = np.argsort(keys, kind="stable")
-        keys = keys[order]
-        first = np.ones(keys.size, bool)
-        first[1:] = keys[1:] != keys[:-1]
-        present = np.flatnonzero(first)
-        group, groups = np.cumsum(first) - 1, present.size
-        ints = {name: np.asarray(v)[order] for name, v in ints.items()}
-        floats = {name: np.asarray(v)[order] for name, v in floats.items()}
-    sums = {}
-    for name, v in floats.items():
-        sums[name] = np.bincount(group, weights=v, minlength=groups)
-    for name, v in ints.items():
-        sums[name] = np.bincount(group, weights=v, minlength=groups).astype(np.int64)
-    if dense:
-        return present, {name: v[present] for name, v in sums.items()}
-    return keys[present], sums
-
-
 class SmallTopkShardPass(TopkShardPass):
     """``TopkShardPass`` in numpy (same interface, same tables): batches are
     checked as they come and kept; everything is summed once, when the class
@@ -195,11 +160,9 @@ class SmallTopkShardPass(TopkShardPass):
         # entries above bin 1 grouped by (class, bin), each group in entry order
         stride = f + 1
         bins = np.ceil(p[high] * f).astype(np.int64)
-        class_keys, class_sums = _group_sums(
+        class_keys, class_sums = group_sum(
             ids[high].astype(np.int64) * stride + bins,
-            k * stride,
-            {"n": np.ones(bins.size, np.int64), "hits": hit[high]},
-            {"p_sum": p[high]},
+            {"n": np.ones(bins.size, np.int64), "hits": hit[high], "p_sum": p[high]},
         )
         top1_bins, seq_bins = self._fold_positions(row[low], p[low], hit[low])
         seq_bins = self._seq_bins_of(row[high], bins, hit[high], p[high], top1_bins, seq_bins)
@@ -242,17 +205,14 @@ class SmallTopkShardPass(TopkShardPass):
         a, b, c = high_rows.size, some.size, doc.size
         # contributions: entries above bin 1, rows' bin-1 sums, rows' top-1;
         # a key's values keep that order (floats of other kinds add 0.0)
-        keys, sums = _group_sums(
+        keys, sums = group_sum(
             np.concatenate([run[high_rows] * stride + high_bins, run[some] * stride + 1,
                             run * stride + top1_bins]),
-            (int(run[-1]) + 1 if run.size else 0) * stride,
             {
                 "n": np.concatenate([np.ones(a, np.int64), row_n, np.zeros(c, np.int64)]),
                 "hits": np.concatenate([high_hit, row_hits, np.zeros(c, np.int64)]),
                 "top1_n": np.concatenate([np.zeros(a + b, np.int64), np.ones(c, np.int64)]),
                 "correct": np.concatenate([np.zeros(a + b, np.int64), correct]),
-            },
-            {
                 "p_sum": np.concatenate([high_p, row_p, np.zeros(c)]),
                 "conf_sum": np.concatenate([np.zeros(a + b), q]),
             },
