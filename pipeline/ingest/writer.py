@@ -107,7 +107,6 @@ class ImportWriter:
         self.shards: list[dict] = []
         self.tmp: Path | None = None
         self._shard: ShardWriter | None = None
-        self._open = False
         self._class = None
 
     # ------------------------------------------------------------ lifecycle
@@ -141,9 +140,8 @@ class ImportWriter:
             if exc_type is None:
                 self._commit()
         finally:
-            if self._open:
+            if self._shard is not None and self._shard.is_open:
                 self._shard.abort()
-                self._open = False
             if self.tmp is not None and self.tmp.exists():
                 shutil.rmtree(self.tmp, ignore_errors=True)
         return False
@@ -154,9 +152,8 @@ class ImportWriter:
         if batch.rows == 0:
             return 0
         result = convert_batch(batch, self.vocab_size, self.sum_tolerance)
-        if not self._open:
+        if not self._shard.is_open:
             self._shard.begin(len(self.shards), None)
-            self._open = True
             self._class = ClassTailSums(self.vocab_size)
             self._doc_start = int(batch.doc_id[0])
         self._shard.add(result["columns"])
@@ -168,13 +165,12 @@ class ImportWriter:
 
     def _close_shard(self) -> None:
         count, mass, cap = self._class.result()
-        self._open = False
         self._shard.commit(
             {"doc_start": self._doc_start, "doc_end": self._doc_end}, count, mass, cap
         )
 
     def _commit(self) -> None:
-        if self._open:
+        if self._shard.is_open:
             self._close_shard()
         if not self.shards:
             raise IngestError("no positions to import (every document has fewer than 2 tokens)")

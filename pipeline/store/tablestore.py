@@ -26,6 +26,7 @@ from pipeline.core.tables import BinTables
 from pipeline.defaults import __version__
 from pipeline.errors import FulleceError
 from pipeline.store import atomic
+from pipeline.store.manifest import MANIFEST_NAME
 from pipeline.store.schema import (
     BIN_TABLE_NAMES,
     SCHEMA_VERSION,
@@ -62,7 +63,7 @@ def tables_dir_of(path) -> Path:
     path = Path(path)
     if (path / META_NAME).exists():
         return path
-    if (run_tables_dir(path) / META_NAME).exists() or (path / "manifest.json").exists():
+    if (run_tables_dir(path) / META_NAME).exists() or (path / MANIFEST_NAME).exists():
         return run_tables_dir(path)
     return path
 

@@ -264,6 +264,11 @@ class ShardWriter:
         self.save(self.manifest)  # the commit point
         return entry
 
+    @property
+    def is_open(self) -> bool:
+        """Whether a shard is begun and not yet committed or aborted."""
+        return self.tmp is not None
+
     def abort(self) -> None:
         try:
             if getattr(self, "writer", None) is not None:
@@ -272,3 +277,4 @@ class ShardWriter:
             pass
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
