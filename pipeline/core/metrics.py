@@ -123,14 +123,35 @@ def _check_tables(tables: BinTables) -> None:
 @dataclass(frozen=True)
 class TablesAtM:
     """Bin tables seen at M = grid.n_bins: M checked and each fine bin's coarse bin
-    found once (:func:`pipeline.core.binning.coarse_grid`), the top-1 and pooled sums
-    per coarse bin summed once; every per-M figure reads them from here."""
+    found once (:func:`pipeline.core.binning.coarse_grid`); the sums per coarse bin
+    are each computed once, when first read, so a caller pays only for the ones it
+    reads (top-1 sums never touch class_bins); every per-M figure reads them here."""
 
     tables: BinTables
     grid: CoarseGrid
-    coarse_of_entry: np.ndarray  # [entries] 1-based coarse bin of each class_bins entry
-    top1: tuple  # (n, conf_sum, correct) per coarse bin
-    pooled: tuple  # (n, p_sum, hits) per coarse bin, summed over classes
+
+    @cached_property
+    def coarse_of_entry(self) -> np.ndarray:
+        """[entries] 1-based coarse bin of each class_bins entry."""
+        return self.grid.coarse_of_fine[np.asarray(self.tables.class_bins.bins, np.int64) - 1]
+
+    @cached_property
+    def top1(self) -> tuple:
+        """(n, conf_sum, correct) per coarse bin."""
+        t, top1_bin = self.tables, self.grid.coarse_of_fine - 1
+        return tuple(
+            np.bincount(top1_bin, weights=w, minlength=self.grid.n_bins)
+            for w in (t.top1_n, t.top1_conf_sum, t.top1_correct)
+        )
+
+    @cached_property
+    def pooled(self) -> tuple:
+        """(n, p_sum, hits) per coarse bin, summed over classes."""
+        values, pooled_bin = self.tables.class_bins.values, self.coarse_of_entry - 1
+        return tuple(
+            np.bincount(pooled_bin, weights=values[key], minlength=self.grid.n_bins)
+            for key in ("n", "p_sum", "hits")
+        )
 
     @cached_property
     def per_class(self) -> SparseBins:
@@ -141,24 +162,7 @@ class TablesAtM:
 
 def tables_at(tables: BinTables, n_bins: int) -> TablesAtM:
     """The tables at M = n_bins (M must divide the fine grid)."""
-    grid = coarse_grid(tables.fine_bins, n_bins, tables.tail_max)
-    m, cb = grid.n_bins, tables.class_bins
-    top1_bin = grid.coarse_of_fine - 1
-    entry = grid.coarse_of_fine[np.asarray(cb.bins, np.int64) - 1]
-    pooled_bin = entry - 1
-    return TablesAtM(
-        tables=tables,
-        grid=grid,
-        coarse_of_entry=entry,
-        top1=tuple(
-            np.bincount(top1_bin, weights=w, minlength=m)
-            for w in (tables.top1_n, tables.top1_conf_sum, tables.top1_correct)
-        ),
-        pooled=tuple(
-            np.bincount(pooled_bin, weights=cb.values[key], minlength=m)
-            for key in ("n", "p_sum", "hits")
-        ),
-    )
+    return TablesAtM(tables, coarse_grid(tables.fine_bins, n_bins, tables.tail_max))
 
 
 def top1_by_bin(tables: BinTables, n_bins: int):
