@@ -280,6 +280,41 @@ def test_bin_mass_sq_from_the_definition():
         np.testing.assert_allclose(v, (q * q).sum(axis=0), rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.parametrize(
+    "alpha, n, k",
+    [(0.05, 200, 300), (5.0, 60, 600), (0.5, 40, 900), (1.0, 1, 3), (1.0, 0, 5)],
+)
+def test_bin_mass_sq_compiled_equals_numpy_and_definition(monkeypatch, alpha, n, k):
+    """The compiled pass (taken once numba is loaded) and the numpy pass give the
+    same bits, rows with over 32 entries above bin 1 (merge sort), ties in a
+    fine bin, values on bin edges, a bin-1 tail and rows with no entry
+    included; both equal the definition."""
+    import pipeline.core.floors as floors
+
+    rng = np.random.default_rng(int(alpha * 100) + n)
+    probs = rng.dirichlet(np.full(k, alpha), size=n).astype(np.float32)
+    if n > 2:
+        probs[0, :4] = [0.5, 0.2, 0.001, 0.0015]  # edges of M = 2, 5, 10, 1000 and a tie
+        probs[1, :3] = np.float32(0.0015)
+        probs[2] = 0.0  # a row whose mass is all tail
+    keep = rng.random((n, k)) < 0.8
+    rows, cols = np.nonzero(keep)
+    tail = np.where(keep, 0.0, probs.astype(np.float64)).sum(axis=1)
+    ms = [5, 10, 20, 50, 100, 200, 500, 1000]
+    monkeypatch.setattr(floors, "_numpy_suffices", lambda size: True)
+    by_numpy = floors.bin_mass_sq_of_entries(rows, probs[rows, cols], n, ms, 1000, bin1=tail)
+    monkeypatch.setattr(floors, "_numpy_suffices", lambda size: False)
+    compiled = floors.bin_mass_sq_of_entries(rows, probs[rows, cols], n, ms, 1000, bin1=tail)
+    assert by_numpy.keys() == compiled.keys() == set(ms)
+    kept64 = np.where(keep, probs.astype(np.float64), 0.0)
+    for M in ms:
+        assert by_numpy[M].tobytes() == compiled[M].tobytes(), M
+        B = ref_bins(probs, M)
+        q = np.stack([(kept64 * (B == m)).sum(axis=1) for m in range(1, M + 1)], axis=1)
+        q[:, 0] += tail  # the tail lies in bin 1
+        np.testing.assert_allclose(compiled[M], (q * q).sum(axis=0), rtol=1e-12, atol=1e-15)
+
+
 # ---------------------------------------- a full-store run of a tiny real model
 
 BINS = (5, 10, 20, 50, 100, 200, 500)

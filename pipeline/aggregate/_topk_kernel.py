@@ -6,7 +6,6 @@ and so numba can cache them (it cannot cache closures).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from pipeline.aggregate.topk_format import (
@@ -34,6 +33,7 @@ from pipeline.aggregate.topk_format import (
     TOP1_N,
     KernelCode,
 )
+from pipeline.core._numba import numba
 
 # the codes as plain ints (numba freezes them as constants)
 _OK, _GROW, _FULL = int(KernelCode.OK), int(KernelCode.GROW), int(KernelCode.FULL)

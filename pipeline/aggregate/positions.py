@@ -218,10 +218,9 @@ def _needs_kept(col) -> bool:
 def _kept_entries(kept_probs, n: int):
     """(row of each kept entry, its float32 probability) of a kept_probs list column."""
     arr = kept_probs.combine_chunks() if hasattr(kept_probs, "combine_chunks") else kept_probs
-    offsets = arr.offsets.to_numpy()
-    return np.repeat(np.arange(n), np.diff(offsets)), arr.values.to_numpy()[
-        offsets[0] : offsets[-1]
-    ]
+    offsets = column_numpy(arr.offsets, copy=False)
+    values = column_numpy(arr.values, copy=False)
+    return np.repeat(np.arange(n), np.diff(offsets)), values[offsets[0] : offsets[-1]]
 
 
 def _kept_sums(kept_probs, n: int) -> dict:

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from pipeline.aggregate.checks import _manifest_sha256, _run_inputs
 from pipeline.aggregate.shard_map import PartCache, _release_map_memory
 from pipeline.aggregate.sql import reduce_sql, sql_str, tail_bounds_sql
+from pipeline.core.arrow_numpy import empty_table
 from pipeline.store import atomic, tablestore
 from pipeline.store.run import AggregateError, Run
 from pipeline.store.schema import TABLE_SCHEMAS
@@ -187,6 +188,12 @@ def _part_rows(part_dir: Path, kept: PartCache | None) -> int:
     return sum(pq.read_metadata(part_dir / f"{name}.parquet").num_rows for name in TABLE_NAMES)
 
 
+def _read_part(path: Path) -> pa.Table:
+    # ParquetFile, not pq.read_table: that imports pyarrow.dataset and pandas
+    with pq.ParquetFile(path) as file:
+        return file.read()
+
+
 def _reduce_in_memory(parts, out: Path, k: int, fine_bins: int, positions, tail_max, kept):
     """The metric core's merge of the partial tables: class_bins and seq_bins
     each summed and written by a thread of its own (numpy sorts and sums and
@@ -197,7 +204,7 @@ def _reduce_in_memory(parts, out: Path, k: int, fine_bins: int, positions, tail_
 
     def part_tables(part_dir):
         tables = kept.get(part_dir) if kept else None
-        return tables or {n: pq.read_table(part_dir / f"{n}.parquet") for n in TABLE_NAMES}
+        return tables or {n: _read_part(part_dir / f"{n}.parquet") for n in TABLE_NAMES}
 
     loaded = [part_tables(part_dir) for _, _, part_dir, _ in parts]
 
@@ -215,8 +222,8 @@ def _reduce_in_memory(parts, out: Path, k: int, fine_bins: int, positions, tail_
         futures = [pool.submit(sparse, name) for name in ("class_bins", "seq_bins")]
         dense = BinTables.from_arrow(
             {
-                "class_bins": TABLE_SCHEMAS["class_bins"].empty_table(),
-                "seq_bins": TABLE_SCHEMAS["seq_bins"].empty_table(),
+                "class_bins": empty_table(TABLE_SCHEMAS["class_bins"]),
+                "seq_bins": empty_table(TABLE_SCHEMAS["seq_bins"]),
                 "tokens": summed("tokens"),
                 "top1_bins": summed("top1_bins"),
             },

@@ -31,6 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from pipeline.aggregate.layout import PART_META, parts_root
+from pipeline.core.arrow_numpy import column_numpy, numpy_table
 from pipeline.store import atomic, tablestore
 from pipeline.store.run import (
     AggregateError,
@@ -120,8 +121,8 @@ def _aggregate_topk_shard(
         )
     if tail_path is not None:
         tail = read_class_tail(shard, ["class_id", "tail_count", "tail_mass"])
-        class_ids = tail.column("class_id").to_numpy()
-        tail_count = tail.column("tail_count").to_numpy()
+        class_ids = column_numpy(tail.column("class_id"))
+        tail_count = column_numpy(tail.column("tail_count"))
         if class_ids.size and (class_ids.min() < 0 or class_ids.max() >= k):
             raise AggregateError(
                 f"{pos_path} / {tail_path}: class id outside [0, {k}) (shard fails validation)"
@@ -132,15 +133,14 @@ def _aggregate_topk_shard(
                 f"{tail_path}: per-class tail counts sum to {class_tail_total} but the "
                 f"positions' tail_count to {state.position_tail_count} (shard fails validation)"
             )
-        state.add_class_tail(class_ids, tail_count, tail.column("tail_mass").to_numpy())
+        state.add_class_tail(class_ids, tail_count, column_numpy(tail.column("tail_mass")))
     if state.pairs != shard.rows * k:
         raise AggregateError(
             f"{pos_path}: kept + tail entries = {state.pairs}, expected rows x K = "
             f"{shard.rows * k} (shard fails validation)"
         )
     tables = {
-        name: pa.table(columns, schema=TABLE_SCHEMAS[name])
-        for name, columns in state.tables().items()
+        name: numpy_table(columns, TABLE_SCHEMAS[name]) for name, columns in state.tables().items()
     }
     with atomic.atomic_path(part_dir) as tmp:
         tmp.mkdir()
@@ -185,8 +185,8 @@ def _aggregate_full_shard(shard: Shard, part_dir: Path, fine_bins: int, bar=None
     check_shard(shard)  # checksums, schemas, shapes: nothing unverified is read
     zpath = shard.path("logits")
     cols = read_positions(shard, ["doc_id", "label"])
-    doc_ids = cols.column("doc_id").to_numpy()
-    labels = cols.column("label").to_numpy()
+    doc_ids = column_numpy(cols.column("doc_id"))
+    labels = column_numpy(cols.column("label"))
     acc = CalibrationAccumulator(vocab_size=shard.vocab_size, fine_bins=fine_bins)
     step = dense_step_rows(shard.vocab_size, acc.threads)
     for first, whole, whole_lse in iter_logit_blocks(shard):

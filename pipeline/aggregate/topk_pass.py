@@ -44,6 +44,7 @@ from pipeline.aggregate.topk_format import (
     Rules,
     ShardSums,
 )
+from pipeline.core.arrow_numpy import column_numpy
 from pipeline.core.binning import bin1_threshold
 from pipeline.core.tables import SparseBins
 from pipeline.errors import FulleceError
@@ -74,6 +75,7 @@ def warm_up(fine_bins: int, rows: int = 1000) -> None:
     rehash kernel too); the capacity hints are left as they were."""
     import pyarrow as pa
 
+    from pipeline.core.arrow_numpy import numpy_arrow
     from pipeline.store.schema import POSITIONS
 
     p = ((np.arange(rows) + 0.5) / rows).astype(np.float32)
@@ -87,8 +89,8 @@ def warm_up(fine_bins: int, rows: int = 1000) -> None:
         "top1_id": top1,
         "top1_prob": np.maximum(p, 1 - p),
         "entropy": np.zeros(rows, np.float32),
-        "kept_ids": [[0, 1]] * rows,
-        "kept_probs": np.stack([p, 1 - p], axis=1).tolist(),
+        "kept_ids": (np.arange(2 * rows) % 2).astype(np.int32),
+        "kept_probs": np.stack([p, 1 - p], axis=1).reshape(-1),
         "tail_count": np.zeros(rows, np.int32),
         "tail_mass": np.zeros(rows, np.float64),
         "tail_max": np.zeros(rows, np.float32),
@@ -97,8 +99,14 @@ def warm_up(fine_bins: int, rows: int = 1000) -> None:
     hints = dict(_capacity_hint)
     try:
         state = TopkShardPass(vocab_size=2, fine_bins=fine_bins)
-        table = pa.table({name: columns[name] for name in POSITIONS.names}, schema=POSITIONS)
-        state.add_batch(table.to_batches()[0])
+        offsets = numpy_arrow(np.arange(0, 2 * rows + 1, 2), pa.int32())
+        arrays = [
+            pa.ListArray.from_arrays(offsets, numpy_arrow(columns[f.name], f.type.value_type))
+            if pa.types.is_list(f.type)
+            else numpy_arrow(columns[f.name], f.type)
+            for f in POSITIONS
+        ]
+        state.add_batch(pa.RecordBatch.from_arrays(arrays, schema=POSITIONS))
         state.tables()
     finally:
         _capacity_hint.update(hints)
@@ -242,20 +250,20 @@ class TopkShardPass:
         """The columns of a non-empty record batch, its kept entries in place."""
         col = batch.column
         kept_ids, kept_probs = col("kept_ids"), col("kept_probs")
-        id_off = np.asarray(kept_ids.offsets)
-        p_off = np.asarray(kept_probs.offsets)
+        id_off = column_numpy(kept_ids.offsets, copy=False)
+        p_off = column_numpy(kept_probs.offsets, copy=False)
         if not np.array_equal(np.diff(id_off), np.diff(p_off)):
             row = int(np.flatnonzero(np.diff(id_off) != np.diff(p_off))[0])
             raise KeptEntryError("kept_ids and kept_probs differ in length", self.positions + row)
         # entries of this batch only (a sliced batch's list buffers start earlier)
-        ids = np.asarray(kept_ids.values)[id_off[0] : id_off[-1]]
-        probs = np.asarray(kept_probs.values)[p_off[0] : p_off[-1]]
+        ids = column_numpy(kept_ids.values, copy=False)[id_off[0] : id_off[-1]]
+        probs = column_numpy(kept_probs.values, copy=False)[p_off[0] : p_off[-1]]
         return BatchRows(
             ids,
             probs,
             id_off - id_off[0],
             *(
-                np.asarray(col(name))
+                column_numpy(col(name), copy=False)
                 for name in BatchRows._fields[3:]  # the positions columns of the same names
             ),
         )

@@ -15,8 +15,12 @@ group of ``CalibrationAccumulator.compute``; ``fine_bins`` the one bin rule.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from pipeline.core._numba import numba
+
+# isort: split
+# after pipeline.core._numba, which imports numba without its BLAS probe
 from numba.cpython.unsafe.numbers import trailing_zeros
 
 # Columns per chunk: the vectorised loop counts entries above the threshold

@@ -5,8 +5,9 @@ In a module of their own so that importing the core never imports numba.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from pipeline.core._numba import numba
 
 
 @numba.njit(cache=True, nogil=True)

@@ -26,8 +26,9 @@ _NUMERIC = {
 }
 
 
-def column_numpy(column) -> np.ndarray:
-    """A writable numpy copy of an Arrow Array or ChunkedArray (values as stored)."""
+def column_numpy(column, copy: bool = True) -> np.ndarray:
+    """A writable numpy copy of an Arrow Array or ChunkedArray (values as stored);
+    `copy` False: a read-only view where the column is one chunk without nulls."""
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
     dtype = _NUMERIC.get(column.type)
     if dtype is None or any(c.null_count for c in chunks):
@@ -35,4 +36,29 @@ def column_numpy(column) -> np.ndarray:
     parts = [np.frombuffer(c.buffers()[1], dtype)[c.offset : c.offset + len(c)] for c in chunks]
     if not parts:
         return np.empty(0, dtype)
-    return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+    if len(parts) > 1:
+        return np.concatenate(parts)
+    return parts[0].copy() if copy else parts[0]
+
+
+def numpy_arrow(values, arrow_type: pa.DataType) -> pa.Array:
+    """An Arrow array of `arrow_type` over numpy values (copied once to the type's
+    dtype): ``pa.array`` checks its input against pandas types and so imports
+    pandas; fixed-width numeric columns are built from their buffer instead."""
+    dtype = _NUMERIC.get(arrow_type)
+    if dtype is None:
+        return pa.array(values, type=arrow_type)
+    data = np.ascontiguousarray(values, dtype=dtype)
+    return pa.Array.from_buffers(arrow_type, data.size, [None, pa.py_buffer(data)])
+
+
+def numpy_table(columns: dict, schema: pa.Schema) -> pa.Table:
+    """A table of `schema` from numpy columns by name (see :func:`numpy_arrow`)."""
+    return pa.Table.from_arrays(
+        [numpy_arrow(columns[f.name], f.type) for f in schema], schema=schema
+    )
+
+
+def empty_table(schema: pa.Schema) -> pa.Table:
+    """``schema.empty_table()`` without its pandas import (numeric schemas)."""
+    return numpy_table({f.name: np.empty(0, _NUMERIC.get(f.type, object)) for f in schema}, schema)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.core.binning import bin1_threshold, coarsen_bins, fine_bin_index
-from pipeline.core.tables import BinTables, SparseBins
+from pipeline.core.tables import BinTables, SparseBins, _numpy_suffices
 
 __all__ = [
     "FLOOR_KEYS",
@@ -219,9 +219,14 @@ def floor_bins_of(fine_bins: int) -> list[int]:
 
 
 def _group_sums(cell, mass):
-    """(first index, summed mass) of each run of equal consecutive `cell` values."""
-    starts = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]]) if cell.size else cell
-    return starts, (np.add.reduceat(mass, starts) if mass.size else mass)
+    """(first index, summed mass) of each run of equal consecutive `cell` values,
+    each run summed from 0.0 in order (bincount; np.add.reduceat sums pairwise,
+    which the compiled path would have to mimic)."""
+    if not cell.size:
+        return cell, mass
+    new = np.r_[True, cell[1:] != cell[:-1]]
+    starts = np.flatnonzero(new)
+    return starts, np.bincount(np.cumsum(new) - 1, weights=mass, minlength=starts.size)
 
 
 def bin_mass_sq_of_rows(rows, fine_bin, probs, fine_bins: int, ms) -> dict:
@@ -255,6 +260,8 @@ def bin_mass_sq_of_entries(rows, probs, n: int, ms, fine_bins: int = 1000, bin1=
     first, so only the few larger entries are binned and sorted."""
     rows = np.asarray(rows, np.int64)
     p = np.asarray(probs, np.float32)
+    if not _numpy_suffices(p.size) and (rows.size < 2 or bool(np.all(rows[1:] >= rows[:-1]))):
+        return _bin_mass_sq_compiled(rows, p, n, ms, fine_bins, bin1)
     high = p > bin1_threshold(fine_bins)
     low_mass = np.bincount(rows[~high], weights=p[~high].astype(np.float64), minlength=n)
     low_mass = low_mass.astype(np.float64, copy=False)  # int64 when there are no entries
@@ -267,6 +274,33 @@ def bin_mass_sq_of_entries(rows, probs, n: int, ms, fine_bins: int = 1000, bin1=
         fine_bins,
         ms,
     )
+
+
+def _bin_mass_sq_compiled(rows, probs, n: int, ms, fine_bins: int, bin1) -> dict:
+    """bin_mass_sq_of_entries by one compiled pass over rows in order (`rows`
+    non-decreasing): the same groups summed in the same order, so the same bits."""
+    from pipeline.core import _floors_kernel
+
+    grids = [fine_bins]
+    source = [0]
+    for m in sorted({int(m) for m in ms}, reverse=True):
+        finer = min(g for g in grids if g % m == 0)
+        source.append(grids.index(finer))
+        grids.append(m)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=n), out=offsets[1:])
+    out = np.zeros((len(grids), max(grids)), np.float64)
+    _floors_kernel.bin_mass_sq_rows(
+        offsets,
+        probs,
+        np.zeros(n) if bin1 is None else np.asarray(bin1, np.float64),
+        fine_bins,
+        bin1_threshold(fine_bins),
+        np.asarray(grids, np.int64),
+        np.asarray(source, np.int64),
+        out,
+    )
+    return {m: out[g, :m].copy() for g, m in enumerate(grids) if g}
 
 
 def bin_mass_sq(probs, ms, fine_bins: int = 1000, probs64=None) -> dict:

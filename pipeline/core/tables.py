@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from pipeline.core.arrow_numpy import column_numpy
+from pipeline.core.arrow_numpy import column_numpy, empty_table, numpy_table
 from pipeline.core.binning import coarsen_bins, m_exact_from_tail_max
 
 
@@ -365,9 +365,9 @@ def _column(table: pa.Table, name: str, dtype) -> np.ndarray:
 
 
 def _arrow_table(name: str, columns: dict) -> pa.Table:
-    return pa.table(
+    return numpy_table(
         {f.name: np.asarray(columns[f.name]).astype(f.dtype) for f in TABLE_FIELDS[name]},
-        schema=BIN_TABLE_SCHEMAS[name],
+        BIN_TABLE_SCHEMAS[name],
     )
 
 
@@ -436,7 +436,7 @@ def sparse_merge_arrow(
 
 
 def _empty(name: str) -> pa.Table:
-    return BIN_TABLE_SCHEMAS[name].empty_table()
+    return empty_table(BIN_TABLE_SCHEMAS[name])
 
 
 def sparse_to_arrow(bins: SparseBins, name: str) -> pa.Table:

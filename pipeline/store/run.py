@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.core.arrow_numpy import column_numpy, empty_table
 from pipeline.store.manifest import AggregateError, RunError, load_manifest
 from pipeline.store.schema import (
     SCHEMA_VERSION,
@@ -566,7 +567,7 @@ def read_positions(shard: Shard, columns) -> pa.Table:
     batches = list(iter_positions(shard, columns))
     if not batches:
         schema = pa.schema([open_positions(shard)[1].schema_arrow.field(c) for c in columns])
-        return schema.empty_table()
+        return empty_table(schema)
     return pa.Table.from_batches(batches)
 
 
@@ -579,7 +580,9 @@ def read_class_tail(shard: Shard, columns) -> pa.Table:
         )
     verify_file(shard.run_dir, shard.entry, shard.entry["class_tail"])
     try:
-        return pq.read_table(str(path), columns=list(columns), page_checksum_verification=True)
+        # ParquetFile, not pq.read_table: that imports pyarrow.dataset and pandas
+        with pq.ParquetFile(str(path), page_checksum_verification=True) as file:
+            return file.read(columns=list(columns))
     except (OSError, pa.ArrowException) as err:
         raise AggregateError(f"{path}: cannot be read ({err}) (shard fails validation)") from err
 
@@ -623,7 +626,7 @@ def _check_values(batch, path, first_row: int, ranges: dict) -> None:
             continue
         column = batch.column(names.index(name))
         is_list = pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
-        data = (column.flatten() if is_list else column).to_numpy(zero_copy_only=False)
+        data = column_numpy(column.flatten() if is_list else column, copy=False)
         if data.size == 0:
             continue
         # fast path: min and max (NaN propagates to both, so fails the test)
@@ -644,7 +647,7 @@ def _check_values(batch, path, first_row: int, ranges: dict) -> None:
         at = int(np.flatnonzero(bad)[0])
         shown, what = data[at].item(), name
         if is_list:
-            offsets = column.offsets.to_numpy()
+            offsets = column_numpy(column.offsets, copy=False)
             at = int(np.searchsorted(offsets, at + offsets[0], side="right") - 1)
             what = f"an entry of {name}"
         raise AggregateError(
