@@ -509,3 +509,22 @@ def test_tables_without_the_sums_give_no_full_ece_floor_and_say_why(tmp_path):
         assert row["ece_floor"] == pytest.approx(want["ece_floor"], rel=1e-3)
         assert row["cw_ece_floor"] == pytest.approx(want["cw_ece_floor"], rel=1e-3)
     assert any("no Σ_i q_im² kept for these tables" in n for n in result["notes"])
+
+
+def test_log_binomial_against_exact_integers():
+    """ln C(n, ν) (the floors' binomial) against Python's exact math.comb, on both
+    paths: the product (ν <= 16) and the log-gamma series (ν > 16)."""
+    import math
+
+    from pipeline.core.floors import _log_binomial
+
+    cases = [(n, nu) for nu in (1, 2, 3, 7, 16, 17, 40) for n in (nu, nu + 1, 100, 12345, 10**9)]
+    n = np.array([c[0] for c in cases], np.float64)
+    nu = np.array([c[1] for c in cases], np.float64)
+    got = _log_binomial(n, nu)
+    want = np.array([math.log(math.comb(a, b)) if a > b else 0.0 for a, b in cases])
+    small = nu <= 16
+    np.testing.assert_allclose(got[small], want[small], rtol=1e-14, atol=1e-13)
+    # the series path loses digits to the cancellation of ln Γ(n + 1) − ln Γ(n − ν + 1)
+    np.testing.assert_allclose(got[~small], want[~small], rtol=2e-8, atol=1e-13)
+    assert float(_log_binomial(np.float64(5.0), np.float64(2.0))) == pytest.approx(math.log(10))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.core.binning import bin1_threshold, coarsen_bins, fine_bin_index
-from pipeline.core.tables import BinTables, SparseBins, _numpy_suffices
+from pipeline.core.tables import BinTables, _numpy_suffices
 
 __all__ = [
     "FLOOR_KEYS",
@@ -98,6 +98,40 @@ def log_gamma(x):
     return (y - 0.5) * np.log(y) - y + _HALF_LOG_2PI + series - shift
 
 
+# ln C(n, ν) by one product for ν up to this (most cells: Σp below it), where
+# the product of ν factors <= n stays far inside float64
+_PRODUCT_NU_MAX = 16
+_LOG_FACTORIAL = np.r_[0.0, np.cumsum(np.log(np.arange(1.0, _PRODUCT_NU_MAX + 1)))]
+
+
+def _log_binomial(n, nu):
+    """ln C(n, ν) for real n >= ν - 1 > -1 and integer ν >= 1: for ν <= 16 the log
+    of Π_{j=1..ν} (n − ν + j) less ln ν! (one log where :func:`log_gamma` takes
+    three series), else ln Γ(n + 1) − ln Γ(ν + 1) − ln Γ(n − ν + 1)."""
+    shape = np.shape(n)
+    n, nu = np.atleast_1d(n).ravel(), np.atleast_1d(nu).ravel()
+    small = nu <= _PRODUCT_NU_MAX
+    every = bool(small.all())
+    out = np.empty_like(n)
+    if small.any():
+        ns, nus = (n, nu) if every else (n[small], nu[small])
+        base = ns - nus  # factor j is base + j
+        product = base + 1.0
+        at = np.flatnonzero(nus >= 2)
+        j = 2
+        while at.size:  # most cells have ν = 1: the index shrinks fast
+            product[at] *= base[at] + j
+            j += 1
+            at = at[nus[at] >= j]
+        logs = np.log(product) - _LOG_FACTORIAL[nus.astype(np.int64)]
+        if every:
+            return logs.reshape(shape)
+        out[small] = logs
+    nb, nub = n[~small], nu[~small]
+    out[~small] = log_gamma(nb + 1.0) - log_gamma(nub + 1.0) - log_gamma(nb - nub + 1.0)
+    return out.reshape(shape)
+
+
 def centred_abs_mean(p_sum, sum_sq):
     """E|S − E S| for S a sum of independent Bernoulli(p_i), from Σp_i and Σp_i².
 
@@ -105,7 +139,6 @@ def centred_abs_mean(p_sum, sum_sq):
     (a real number), and de Moivre's mean absolute deviation
     2 ν C(n*, ν) p*^ν (1 − p*)^(n* − ν + 1), ν = ⌊Σp⌋ + 1 (:func:`log_gamma` for C).
     Exact when every p_i is equal; 0 for an empty or deterministic cell."""
-    gammaln = log_gamma
     mu = np.asarray(p_sum, np.float64)
     s2 = np.asarray(sum_sq, np.float64)
     var = mu - s2
@@ -120,9 +153,7 @@ def centred_abs_mean(p_sum, sum_sq):
     p_ok = np.where(ok, p, 0.5)
     log_mad = (
         np.log(2.0 * nu_ok)
-        + gammaln(n_ok + 1.0)
-        - gammaln(nu_ok + 1.0)
-        - gammaln(n_ok - nu_ok + 1.0)
+        + _log_binomial(n_ok, nu_ok)
         + nu_ok * np.log(p_ok)
         + (n_ok - nu_ok + 1.0) * np.log1p(-p_ok)
     )
@@ -185,20 +216,33 @@ def cw_ece_floor_at(tables: BinTables, n_bins: int) -> tuple[float, float]:
     fine bin) from its proven interval, midpoint; never-seen classes included:
     every class's pairs are in class_bins). Valid where the tail lies in bin 1
     (M <= M_exact) and the per-class tail is known."""
-    cb = tables.class_bins
-    return _cw_ece_floor(tables, coarsen_bins(cb.bins, tables.fine_bins, n_bins), n_bins)
+    from pipeline.core.metrics import tables_at
+
+    return _cw_ece_floor(tables_at(tables, n_bins))
 
 
-def _cw_ece_floor(tables: BinTables, coarse_of_entry, n_bins: int) -> tuple[float, float]:
+def _class_sum_sq_mid(tables: BinTables) -> np.ndarray:
+    """[class_bins entries] midpoint of each fine cell's proven Σp² interval. It
+    does not depend on M: computed once per tables object (every M reads it)."""
     cb = tables.class_bins
+    cached = tables.__dict__.get("_class_sum_sq_mid")
+    if cached is not None and cached[0] is cb:
+        return cached[1]
     sq = _fine_sum_sq_mid(
         cb.values["n"], cb.values["p_sum"], cb.bins, tables.fine_bins, tables.tail_max
     )
-    cells = SparseBins.from_parts(
-        cb.ids, coarse_of_entry, {"p_sum": cb.values["p_sum"], "sum_sq": sq}, n_bins + 1
-    )
+    tables.__dict__["_class_sum_sq_mid"] = (cb, sq)
+    return sq
+
+
+def _cw_ece_floor(at) -> tuple[float, float]:
+    """cw-ECE's (floor, p95) over the (class, coarse bin) cells of `at` (a
+    ``pipeline.core.metrics.TablesAtM``), grouped once for the metric and the floor."""
+    tables = at.tables
     return floor_of_cells(
-        cells.values["p_sum"], cells.values["sum_sq"], tables.positions * tables.vocab_size
+        at.per_class.values["p_sum"],
+        at.per_class_sum(_class_sum_sq_mid(tables)),
+        tables.positions * tables.vocab_size,
     )
 
 
@@ -335,9 +379,7 @@ def floor_rows_at(at, mass_sq=None, *, cw_known: bool = True) -> dict:
     cells = _top1_cells(tables, at.grid.coarse_of_fine, n_bins)
     out["ece_floor"], out["ece_floor_p95"] = floor_of_cells(*cells, tables.positions)
     if exact and cw_known:
-        out["cw_ece_floor"], out["cw_ece_floor_p95"] = _cw_ece_floor(
-            tables, at.coarse_of_entry, n_bins
-        )
+        out["cw_ece_floor"], out["cw_ece_floor_p95"] = _cw_ece_floor(at)
     if exact and mass_sq is not None and n_bins in mass_sq:
         _, p_sum, _ = at.pooled
         out["full_ece_floor"], out["full_ece_floor_p95"] = full_ece_floor_at(

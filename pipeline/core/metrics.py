@@ -154,6 +154,30 @@ class TablesAtM:
         )
 
     @cached_property
+    def class_cell_of_entry(self) -> np.ndarray | None:
+        """[entries] 0-based row in :attr:`per_class` of each class_bins entry's
+        (class, coarse bin) cell, or None if class_bins is not in key order."""
+        cb = self.tables.class_bins
+        if cb.ids.size == 0:
+            return None
+        keys = cb.ids * (self.grid.n_bins + 1) + self.coarse_of_entry
+        step = keys[1:] != keys[:-1]
+        if bool(np.any(keys[1:] < keys[:-1])):
+            return None
+        return np.r_[0, np.cumsum(step)]
+
+    def per_class_sum(self, weights) -> np.ndarray:
+        """float64 sums of per-entry `weights` over the (class, coarse bin) cells
+        of :attr:`per_class`, each in entry order (as per_class's own sums)."""
+        cell = self.class_cell_of_entry
+        if cell is None:
+            cb = self.tables.class_bins
+            return SparseBins.from_parts(
+                cb.ids, self.coarse_of_entry, {"w": weights}, self.grid.n_bins + 1
+            ).values["w"]
+        return np.bincount(cell, weights=weights, minlength=len(self.per_class))
+
+    @cached_property
     def per_class(self) -> SparseBins:
         """class_bins at M: (class, coarse bin) cells."""
         cb = self.tables.class_bins
