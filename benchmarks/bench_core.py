@@ -111,7 +111,8 @@ class KeptGenerator:
     """Synthetic kept + tail chunks without ever materialising [n, K].
 
     Per position: ``kept`` distinct class ids drawn from a Zipf(1.1) prior over
-    K (duplicates redrawn uniformly), kept probabilities proportional to
+    the first ``support`` of the K classes (all by default; duplicates redrawn
+    uniformly among them), kept probabilities proportional to
     prior * lognormal(0, noise) (noise 1.5 by default) scaled to 1 - tail_mass, tail_mass ~ U(0.002,
     0.05), the label drawn among the kept ids in proportion to their
     probabilities. The tail mass is spread over the K - kept other classes in
@@ -120,9 +121,24 @@ class KeptGenerator:
     class not kept, capped at the row's smallest kept probability).
     """
 
-    def __init__(self, vocab: int, kept: int, seed: int, zipf: float = 1.1, noise: float = 1.5):
+    def __init__(
+        self,
+        vocab: int,
+        kept: int,
+        seed: int,
+        zipf: float = 1.1,
+        noise: float = 1.5,
+        support: int | None = None,
+    ):
         self.vocab, self.kept, self.seed, self.noise = vocab, kept, seed, noise
+        # `support`: only the first this many classes are ever kept (a trained
+        # model's kept sets stay among the plausible tokens); the rest get no
+        # prior, hence no tail mass either
+        self.support = vocab if support is None else int(support)
+        if not kept <= self.support <= vocab:
+            raise ValueError(f"support must lie in [kept, vocab], got {support}")
         w = 1.0 / np.arange(1, vocab + 1, dtype=np.float64) ** zipf
+        w[self.support :] = 0.0
         self.prior = w / w.sum()
         self.cdf = np.cumsum(self.prior)
         self.cdf[-1] = 1.0
@@ -138,7 +154,7 @@ class KeptGenerator:
             count = int(dup.sum())
             if not count:
                 break
-            ids[dup] = rng.integers(0, k, count)
+            ids[dup] = rng.integers(0, self.support, count)
         prior_kept = self.prior[ids]
         tail_mass = rng.uniform(0.002, 0.05, n)
         g = np.log(prior_kept) + self.noise * rng.standard_normal((n, kept))
