@@ -13,19 +13,27 @@ command time over the best baseline time of its pairs (and the median ratio of
 the pairs is printed beside it). CPU time (user + sys of the child) is
 recorded too: on a shared machine it moves less than wall time.
 
+Data: the realistic generator (``make_topk_run(kind="zipf")``, matched to a K
+= 32,000 real run's distinct (class, bin) groups per kept entry; ``--kind
+few_groups`` for the labelled few-groups generator), K = 32,000, 64 kept; and
+the real runs: the default experiment's last checkpoint (``runs/``) and
+``data/real32k/run`` when present, or those named by ``--real``. Each data
+set's distinct (class, bin) groups per kept entry is counted (DuckDB), printed
+and stored.
+
 Commands (``make bench``'s defaults; ``--quick`` shrinks the large run):
 
-* ``aggregate`` of a small run (4,000 positions, K = 32,000, 64 kept), tables
-  removed before each run, so every round aggregates from the shards;
+* ``aggregate`` of a small run (4,000 positions) and of the large run (500,000
+  positions in two shards), tables removed before each run, so every round
+  aggregates from the shards;
 * ``metrics --json`` of the small and of a large run (500,000 positions in
   two shards), tables already built;
 * ``metrics --json`` once more with the verification stamps removed first
   (docs/trust.md, "Verification stamps"): every shard hashed and every
   position's digest columns read again, as a first call does;
 * ``compare`` of one run and ``report`` of one run, both runs;
-* with ``--real RUN`` (repeatable): a copy of that run (e.g. the default
-  experiment's ``runs/ckpt-000800``) aggregated from its shards each round,
-  then ``metrics --json`` with and without stamps and ``compare``.
+* each real run (a copy): aggregated from its shards each round, then
+  ``metrics --json`` with and without stamps and ``compare``.
 
 The commands use a cache of their own (``XDG_CACHE_HOME`` under the data
 directory), never the user's.
@@ -47,7 +55,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.bench_aggregate import make_topk_run
+from benchmarks.bench_aggregate import default_experiment_run, group_stats, make_topk_run
 
 SMALL = 4_000
 LARGE = 500_000
@@ -101,6 +109,9 @@ def _aggregate_case(label: str, run: Path) -> dict:
         "argv": [exe, "aggregate", str(run), "--quiet"],
         "before": _fresh_tables(run),
         "restore": lambda: _settle([run]),
+        # issue 19's 3x is for a small run; larger ones are held to the DuckDB
+        # scan instead (bench_aggregate, section 0)
+        "target": 3.0 if label == "small" else None,
     }
 
 
@@ -134,7 +145,7 @@ def _metrics_cases(label: str, run: Path) -> list[dict]:
 
 def cases(small: Path, large: Path, out: Path, real: dict[str, Path] | None = None) -> list[dict]:
     exe = _fullece()
-    cases = [_aggregate_case("small", small)]
+    cases = [_aggregate_case("small", small), _aggregate_case("large", large)]
     for label, run in (real or {}).items():
         cases += [
             _aggregate_case(label, run),
@@ -193,7 +204,7 @@ def measure(cases: list[dict], rounds: int) -> list[dict]:
         row["ratio_median_of_pairs"] = statistics.median(
             p["command"]["wall_s"] / p["baseline"]["wall_s"] for p in pairs
         )
-        row["target"] = 3.0
+        row["target"] = case.get("target", 3.0)
         results.append(row)
     return results
 
@@ -205,7 +216,18 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5)")
     ap.add_argument("--data", type=Path, default=None, help="where the runs are built (kept)")
     ap.add_argument(
-        "--real", type=Path, action="append", default=[], help="a real run to time too (copied)"
+        "--real",
+        type=Path,
+        action="append",
+        default=None,
+        help="a real run to time (copied; repeatable); default: runs/'s last checkpoint "
+        "and data/real32k/run when present",
+    )
+    ap.add_argument(
+        "--kind",
+        choices=("zipf", "few_groups"),
+        default="zipf",
+        help="generator of the synthetic runs (default: zipf, the realistic one)",
     )
     ap.add_argument("--only-real", action="store_true", help="skip the synthetic runs' commands")
     ap.add_argument("--no-report", action="store_true", help="skip `report` (the slowest)")
@@ -218,20 +240,44 @@ def main(argv=None) -> int:
     large_n = QUICK_LARGE if args.quick else LARGE
     data = args.data or Path(tempfile.mkdtemp(prefix="fullece-bench-commands-"))
     try:
-        small = make_topk_run(data / "small", SMALL, K, KEPT, shard_rows=SMALL)
+        small = make_topk_run(
+            data / f"small-{args.kind}", SMALL, K, KEPT, shard_rows=SMALL, kind=args.kind
+        )
         if args.only_real:
             large = small  # not timed
         else:
             large = make_topk_run(
-                data / f"large-{large_n}", large_n, K, KEPT, shard_rows=large_n // 2
+                data / f"large-{args.kind}-{large_n}",
+                large_n,
+                K,
+                KEPT,
+                shard_rows=large_n // 2,
+                kind=args.kind,
             )
         os.environ["XDG_CACHE_HOME"] = str(data / "cache")  # the commands' own cache
+        if args.real is None:
+            root = Path(__file__).resolve().parent.parent
+            found = (default_experiment_run(), root / "data" / "real32k" / "run")
+            args.real = [r for r in found if r and (r / "manifest.json").exists()]
         real = {}
         for src in args.real:
-            real[src.name] = data / "real" / src.name
-            if not real[src.name].exists():
-                shutil.copytree(src, real[src.name])
+            name = src.parent.name if src.name == "run" else src.name  # data/real32k/run
+            real[name] = data / "real" / name
+            if not real[name].exists():
+                shutil.copytree(src, real[name])
         _settle(dict.fromkeys([small, large, *real.values()]))
+        data_sets = {"small": small, "large": large, **real}
+        stats = {}
+        for label, run in data_sets.items():
+            stats[label] = {"run": str(run), "kind": args.kind, **group_stats(run)}
+            if label in real:
+                stats[label]["kind"] = "real"
+            print(
+                f"data {label} ({stats[label]['kind']}): {stats[label]['positions']:,} positions, "
+                f"{stats[label]['kept_entries']:,} kept entries, "
+                f"{stats[label]['distinct_groups']:,} (class, bin) groups = "
+                f"{100 * stats[label]['groups_per_kept_entry']:.3f}% per kept entry"
+            )
         print(
             f"whole processes, PYTHONDONTWRITEBYTECODE=1, {rounds} interleaved rounds; "
             "baseline: python -c 'import duckdb, pyarrow; pq.read_table(class_bins)'"
@@ -250,11 +296,14 @@ def main(argv=None) -> int:
     print(f"\n{'command':<30} {'positions':>9} {'best s':>7} {'baseline':>8} {'ratio':>6} "
           f"{'median':>6} {'cpu ratio':>9}  target")  # fmt: skip
     for row in results:
-        ok = "met" if row["ratio"] <= row["target"] else "MISSED"
+        if row["target"] is None:
+            ok = "(no target here: bench_aggregate)"
+        else:
+            ok = "<= 3 " + ("met" if row["ratio"] <= row["target"] else "MISSED")
         print(
             f"{row['name']:<30} {row['positions']:>9,} {row['best_wall_s']:>7.2f} "
             f"{row['baseline_best_wall_s']:>8.2f} {row['ratio']:>6.2f} "
-            f"{row['ratio_median_of_pairs']:>6.2f} {row['ratio_cpu']:>9.2f}  <= 3 {ok}"
+            f"{row['ratio_median_of_pairs']:>6.2f} {row['ratio_cpu']:>9.2f}  {ok}"
         )
     path = args.out / "commands.json"
     path.write_text(
@@ -265,6 +314,8 @@ def main(argv=None) -> int:
                 "baseline": BASELINE,
                 "rounds": rounds,
                 "quick": args.quick,
+                "kind": args.kind,
+                "data": stats,
                 "load_average": os.getloadavg(),
                 "commands": results,
             },
