@@ -213,6 +213,29 @@ def test_commands_import_nothing_heavy(run_dir, argv):
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_kernel_aggregate_imports_no_pandas_blas_or_cffi(run_dir, tmp_path):
+    """`fullece aggregate` on the compiled path (forced here: the run is small)
+    loads numba but not pandas, pyarrow.dataset, scipy.linalg (numba's BLAS
+    probe) nor cffi; both probed modules stay importable afterwards."""
+    run, _ = run_dir
+    out = tmp_path / "tables"
+    code = (
+        "import sys\n"
+        "import pipeline.aggregate.topk_small as small\n"
+        "small.SMALL_RUN_ENTRIES = 0  # the compiled path, whatever the size\n"
+        "from pipeline.cli import main\n"
+        f"sys.argv = ['fullece', 'aggregate', {str(run)!r}, '--out', {str(out)!r}, '--quiet']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "loaded = ('numba', 'pandas', 'pyarrow.dataset', 'scipy.linalg', 'cffi')\n"
+        "print(sorted(m for m in loaded if m in sys.modules))\n"
+        "import scipy.linalg.cython_blas, cffi\n"
+        "print('importable')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-2:] == ["['numba']", "importable"]
+
+
 def test_scores_json_is_the_positions_scan(run_dir):
     from pipeline.aggregate import aggregate, read_tables_meta
     from pipeline.aggregate.positions import _scores_path, read_scores, scan_run
