@@ -217,7 +217,10 @@ def test_kernel_aggregate_imports_no_pandas_blas_or_cffi(run_dir, tmp_path):
     """`fullece aggregate` on the compiled path (forced here: the run is small)
     loads numba but not pandas, pyarrow.dataset, scipy.linalg (numba's BLAS
     probe) nor cffi; both probed modules stay importable afterwards."""
-    run, _ = run_dir
+    import shutil
+
+    run = tmp_path / "run"  # a copy: no partial tables of other tests to reuse
+    shutil.copytree(run_dir[0], run, ignore=shutil.ignore_patterns("tables"))
     out = tmp_path / "tables"
     code = (
         "import sys\n"
