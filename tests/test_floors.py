@@ -306,6 +306,12 @@ def test_bin_mass_sq_compiled_equals_numpy_and_definition(monkeypatch, alpha, n,
     monkeypatch.setattr(floors, "_numpy_suffices", lambda size: False)
     compiled = floors.bin_mass_sq_of_entries(rows, probs[rows, cols], n, ms, 1000, bin1=tail)
     assert by_numpy.keys() == compiled.keys() == set(ms)
+    offsets = np.r_[0, np.cumsum(keep.sum(axis=1))].astype(np.int32)  # a list column's
+    lists = floors.bin_mass_sq_of_lists(offsets, probs[rows, cols], ms, 1000, bin1=tail)
+    monkeypatch.setattr(floors, "_numpy_suffices", lambda size: True)
+    lists_numpy = floors.bin_mass_sq_of_lists(offsets, probs[rows, cols], ms, 1000, bin1=tail)
+    for M in ms:
+        assert lists[M].tobytes() == lists_numpy[M].tobytes() == compiled[M].tobytes()
     kept64 = np.where(keep, probs.astype(np.float64), 0.0)
     for M in ms:
         assert by_numpy[M].tobytes() == compiled[M].tobytes(), M

@@ -136,12 +136,12 @@ class PositionScan:
     def _add_mass_sq(self, col, n: int) -> None:
         """Σ_i q_im² from the kept entries and the tail mass, the tail in bin 1:
         right at every M <= M_exact (where it is used)."""
-        from pipeline.core.floors import bin_mass_sq_of_entries
+        from pipeline.core.floors import bin_mass_sq_of_lists
 
-        rows, kept = _kept_entries(col["kept_probs"], n)
+        offsets, kept = _kept_lists(col["kept_probs"])
         tail = column_numpy(col["tail_mass"]).astype(np.float64)
         self.add_mass_sq(
-            bin_mass_sq_of_entries(rows, kept, n, self.mass_sq, self.fine_bins, bin1=tail)
+            bin_mass_sq_of_lists(offsets, kept, self.mass_sq, self.fine_bins, bin1=tail)
         )
 
     def add_mass_sq(self, parts: dict) -> None:
@@ -215,12 +215,18 @@ def _needs_kept(col) -> bool:
     return not bool(np.isfinite(h).all())
 
 
-def _kept_entries(kept_probs, n: int):
-    """(row of each kept entry, its float32 probability) of a kept_probs list column."""
+def _kept_lists(kept_probs):
+    """(offsets from 0 [rows + 1], float32 probabilities) of a kept_probs list column."""
     arr = kept_probs.combine_chunks() if hasattr(kept_probs, "combine_chunks") else kept_probs
     offsets = column_numpy(arr.offsets, copy=False)
     values = column_numpy(arr.values, copy=False)
-    return np.repeat(np.arange(n), np.diff(offsets)), values[offsets[0] : offsets[-1]]
+    return offsets - offsets[0], values[offsets[0] : offsets[-1]]
+
+
+def _kept_entries(kept_probs, n: int):
+    """(row of each kept entry, its float32 probability) of a kept_probs list column."""
+    offsets, values = _kept_lists(kept_probs)
+    return np.repeat(np.arange(n), np.diff(offsets)), values
 
 
 def _kept_sums(kept_probs, n: int) -> dict:

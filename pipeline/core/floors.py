@@ -305,7 +305,9 @@ def bin_mass_sq_of_entries(rows, probs, n: int, ms, fine_bins: int = 1000, bin1=
     rows = np.asarray(rows, np.int64)
     p = np.asarray(probs, np.float32)
     if not _numpy_suffices(p.size) and (rows.size < 2 or bool(np.all(rows[1:] >= rows[:-1]))):
-        return _bin_mass_sq_compiled(rows, p, n, ms, fine_bins, bin1)
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(rows, minlength=n), out=offsets[1:])
+        return _bin_mass_sq_compiled(offsets, p, ms, fine_bins, bin1)
     high = p > bin1_threshold(fine_bins)
     low_mass = np.bincount(rows[~high], weights=p[~high].astype(np.float64), minlength=n)
     low_mass = low_mass.astype(np.float64, copy=False)  # int64 when there are no entries
@@ -320,19 +322,30 @@ def bin_mass_sq_of_entries(rows, probs, n: int, ms, fine_bins: int = 1000, bin1=
     )
 
 
-def _bin_mass_sq_compiled(rows, probs, n: int, ms, fine_bins: int, bin1) -> dict:
-    """bin_mass_sq_of_entries by one compiled pass over rows in order (`rows`
-    non-decreasing): the same groups summed in the same order, so the same bits."""
+def bin_mass_sq_of_lists(offsets, probs, ms, fine_bins: int = 1000, bin1=None) -> dict:
+    """:func:`bin_mass_sq_of_entries` of rows given as a list column: row i holds
+    probs[offsets[i]:offsets[i + 1]] (an Arrow list array's offsets, from 0)."""
+    offsets = np.asarray(offsets, np.int64)
+    p = np.asarray(probs, np.float32)
+    if not _numpy_suffices(p.size):
+        return _bin_mass_sq_compiled(offsets, p, ms, fine_bins, bin1)
+    rows = np.repeat(np.arange(offsets.size - 1), np.diff(offsets))
+    return bin_mass_sq_of_entries(rows, p, offsets.size - 1, ms, fine_bins, bin1)
+
+
+def _bin_mass_sq_compiled(offsets, probs, ms, fine_bins: int, bin1) -> dict:
+    """bin_mass_sq_of_entries by one compiled pass over the rows in order (row i:
+    probs[offsets[i]:offsets[i + 1]]): the same groups summed in the same order,
+    so the same bits."""
     from pipeline.core import _floors_kernel
 
+    n = offsets.size - 1
     grids = [fine_bins]
     source = [0]
     for m in sorted({int(m) for m in ms}, reverse=True):
         finer = min(g for g in grids if g % m == 0)
         source.append(grids.index(finer))
         grids.append(m)
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(rows, minlength=n), out=offsets[1:])
     out = np.zeros((len(grids), max(grids)), np.float64)
     _floors_kernel.bin_mass_sq_rows(
         offsets,
