@@ -646,9 +646,8 @@ def bench_realistic(data: Path, s: dict, real: list[Path]) -> dict:
     bench_dataset."""
     out = {}
     for src in real:
-        name = (
-            f"real {src.name} (K={json.loads((src / 'manifest.json').read_text())['vocab_size']:,})"
-        )
+        vocab = json.loads((src / "manifest.json").read_text())["vocab_size"]
+        name = f"real {src.parent.name if src.name == 'run' else src.name} (K={vocab:,})"
         copy = linked_copy(src, data / f"real-{src.resolve().parent.name}-{src.name}")
         out[name] = bench_dataset(name, copy, s["repeat"], f"real run {src}")
     for case in s["synthetic"]:

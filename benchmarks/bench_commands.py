@@ -105,6 +105,7 @@ def _aggregate_case(label: str, run: Path) -> dict:
     exe = _fullece()
     return {
         "name": f"aggregate, {label} run",
+        "data_set": label,
         "run": run,
         "argv": [exe, "aggregate", str(run), "--quiet"],
         "before": _fresh_tables(run),
@@ -138,9 +139,10 @@ def _no_stamps():
 def _metrics_cases(label: str, run: Path) -> list[dict]:
     argv = [_fullece(), "metrics", str(run), "--json", "--quiet"]
     return [
-        {"name": f"metrics --json, {label} run", "run": run, "argv": argv},
-        {"name": f"metrics, {label}, no stamp", "run": run, "argv": argv, "before": _no_stamps},
-    ]
+        {"name": f"metrics --json, {label} run", "data_set": label, "run": run, "argv": argv},
+        {"name": f"metrics, {label}, no stamp", "data_set": label, "run": run, "argv": argv,
+         "before": _no_stamps},
+    ]  # fmt: skip
 
 
 def cases(small: Path, large: Path, out: Path, real: dict[str, Path] | None = None) -> list[dict]:
@@ -150,15 +152,15 @@ def cases(small: Path, large: Path, out: Path, real: dict[str, Path] | None = No
         cases += [
             _aggregate_case(label, run),
             *_metrics_cases(label, run),
-            {"name": f"compare, {label} run", "run": run,
+            {"name": f"compare, {label} run", "data_set": label, "run": run,
              "argv": [exe, "compare", str(run), "--json", "--quiet"]},
         ]  # fmt: skip
     for label, run in (("small", small), ("large", large)):
         cases += _metrics_cases(label, run)
         cases += [
-            {"name": f"compare, {label} run", "run": run,
+            {"name": f"compare, {label} run", "data_set": label, "run": run,
              "argv": [exe, "compare", str(run), "--json", "--quiet"]},
-            {"name": f"report, {label} run", "run": run,
+            {"name": f"report, {label} run", "data_set": label, "run": run,
              "argv": [exe, "report", str(run), "--out", str(out / f"report-{label}"), "--quiet"],
              "before": lambda d=out / f"report-{label}": shutil.rmtree(d, ignore_errors=True)},
         ]  # fmt: skip
@@ -192,6 +194,7 @@ def measure(cases: list[dict], rounds: int) -> list[dict]:
         row = {
             "command": " ".join(["fullece", *case["argv"][1:]]),
             "name": case["name"],
+            "data_set": case["data_set"],
             "positions": json.loads((case["run"] / "manifest.json").read_text())["positions"],
             "pairs": pairs,
             "best_wall_s": best("command", "wall_s"),
@@ -290,6 +293,8 @@ def main(argv=None) -> int:
         if args.only:
             chosen = [c for c in chosen if args.only in c["name"]]
         results = measure(chosen, rounds)
+        for row in results:
+            row["groups_per_kept_entry"] = stats[row["data_set"]]["groups_per_kept_entry"]
     finally:
         if args.data is None:
             shutil.rmtree(data, ignore_errors=True)
