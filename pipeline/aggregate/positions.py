@@ -286,7 +286,7 @@ def _scan_runs(
     fine_bins: int | None = None,
     name: str = "positions",
 ) -> PositionScan:
-    from pipeline.store.run import iter_positions, open_positions
+    from pipeline.store.run import iter_positions, open_positions, read_ahead
 
     scan = PositionScan(keep_pairs, fine_bins)
     bar = None
@@ -306,27 +306,32 @@ def _scan_runs(
         if fine_bins is not None and run.store != "full":
             cols = every  # Σ_i q_im² (Full-ECE's floor) reads kept_probs and the tail
         dense = _dense_rows_of_shard(shard, scan) if run.store == "full" else None
-        batches = iter_positions(shard, cols, BATCH_ROWS)
-        start = 0
-        while (batch := next(batches, None)) is not None:
-            stop = start + batch.num_rows
-            part = (
-                None
-                if dense is None
-                else {"sum_p2": dense[0][start:stop], "entropy": dense[1][start:stop]}
-            )
-            try:
-                scan.update(batch, part)
-            except _NeedsKept:  # raised before any sum moved: read on with every column
-                batches = iter_positions(shard, every, BATCH_ROWS)
-                skipped = 0
-                while skipped < start:  # batch boundaries do not depend on the columns
-                    skipped += next(batches).num_rows
-                batch = next(batches)
-                scan.update(batch, part)
-            start = stop
-            if bar is not None:
-                bar.update(batch.num_rows)
+        # the next batch decodes (GIL released) while this one is summed
+        ahead = read_ahead(iter_positions(shard, cols, BATCH_ROWS))
+        try:
+            start = 0
+            while (batch := next(ahead, None)) is not None:
+                stop = start + batch.num_rows
+                part = (
+                    None
+                    if dense is None
+                    else {"sum_p2": dense[0][start:stop], "entropy": dense[1][start:stop]}
+                )
+                try:
+                    scan.update(batch, part)
+                except _NeedsKept:  # raised before any sum moved: read on with every column
+                    ahead.close()
+                    ahead = read_ahead(iter_positions(shard, every, BATCH_ROWS))
+                    skipped = 0
+                    while skipped < start:  # batch boundaries do not depend on the columns
+                        skipped += next(ahead).num_rows
+                    batch = next(ahead)
+                    scan.update(batch, part)
+                start = stop
+                if bar is not None:
+                    bar.update(batch.num_rows)
+        finally:
+            ahead.close()  # waits for the batch in flight
     if bar is not None:
         bar.close()
     return scan

@@ -40,6 +40,7 @@ from pipeline.store.run import (
     check_shard,
     iter_logit_blocks,
     iter_positions,
+    read_ahead,
     read_class_tail,
     read_positions,
 )
@@ -70,7 +71,7 @@ def _aggregate_topk_shard(
     ``small``: the numpy pass of small runs (``topk_small``), same tables, no numba.
     ``advance(rows)``, when given, is called after each batch (the bar).
     """
-    from concurrent.futures import ThreadPoolExecutor
+    from contextlib import closing
 
     from pipeline.aggregate.topk_pass import BATCH_ROWS, KeptEntryError, TopkShardPass
 
@@ -100,10 +101,8 @@ def _aggregate_topk_shard(
             shard, columns, BATCH_ROWS, use_threads=decode_threads, checked=_TAIL_COLUMNS
         )
         # decode the next batch (pyarrow, GIL released) while the kernel (nogil) folds this one
-        with ThreadPoolExecutor(1) as reader:
-            upcoming = reader.submit(next, batches, None)
-            while (batch := upcoming.result()) is not None:
-                upcoming = reader.submit(next, batches, None)
+        with closing(read_ahead(batches)) as ahead:
+            for batch in ahead:
                 state.add_batch(batch)
                 if advance is not None:
                     advance(batch.num_rows)

@@ -562,6 +562,19 @@ def iter_positions(
         yield batch
 
 
+def read_ahead(batches):
+    """Yield from `batches`, the next item fetched on a thread while the caller
+    works on this one: pyarrow decodes without the GIL, so decoding overlaps
+    a nogil kernel or numpy. Closing the generator waits for the fetch in flight."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="read-ahead") as reader:
+        upcoming = reader.submit(next, batches, None)
+        while (item := upcoming.result()) is not None:
+            upcoming = reader.submit(next, batches, None)
+            yield item
+
+
 def read_positions(shard: Shard, columns) -> pa.Table:
     """`columns` of a shard's positions as one table, read through :func:`iter_positions`."""
     batches = list(iter_positions(shard, columns))
