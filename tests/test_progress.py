@@ -211,14 +211,14 @@ def _progress_lines(text: str) -> dict:
 
 
 # command -> (arguments, {bar: done lines}); a run is aggregated by the first
-# command that needs its tables (the aggregate bar); `report` then scans the
-# positions (`metrics` reads the tables only: its sums were taken at aggregation)
+# command that needs its tables (the aggregate bar); `metrics` and `report` then
+# read the tables only (the sums were taken at aggregation)
 COMMANDS = {
     "aggregate": (["aggregate", "{topk}"], {"aggregate": 1, "aggregate scores": 1}),
     "metrics": (["metrics", "{full}"], {"aggregate": 1, "aggregate scores": 1}),
     "report": (
         ["report", "{topk}", "--out", "{out}"],
-        {"aggregate": 1, "aggregate scores": 1, "positions": 1},
+        {"aggregate": 1, "aggregate scores": 1},
     ),
     "temperature": (["temperature", "{full}"], None),  # numbered passes: see the test
 }

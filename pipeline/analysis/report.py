@@ -110,26 +110,23 @@ def prepare_run(
     run_dir, bins=PAPER_BINS, reliability_bins: int = RELIABILITY_BINS, quiet: bool = False
 ) -> dict:
     """Everything the figures of one run need (tables aggregated if needed):
-    the `fullece metrics` object, reliability data, label counts, the top-1
-    pairs (smooth diagram) and, for a full-store run, the temperature scan."""
+    the `fullece metrics` object, reliability data, label counts, the smooth
+    reliability curve (from the top-1 fine grid: no position is read) and,
+    for a full-store run, the temperature scan."""
     from pipeline.aggregate import ensure_tables, load_run_tables
     from pipeline.analysis.metrics import metrics_for_run
-    from pipeline.core.metrics import compute_metrics, reliability
+    from pipeline.core.metrics import compute_metrics, reliability, smooth_reliability_binned
     from pipeline.store.run import is_run, open_run, run_label
 
     run_dir = Path(run_dir)
     tables_dir = ensure_tables(run_dir, quiet=quiet)
     tables = load_run_tables(tables_dir)
     bins = [m for m in bins if tables.fine_bins % m == 0]
-    top1 = None
     temperature = None
     if is_run(run_dir):
-        from pipeline.aggregate.positions import scan_run
-
-        scan = scan_run(run_dir, progress=not quiet)
-        notice("report: computing the metrics (the smooth ECE loads relplot first) ...", not quiet)
-        metrics = metrics_for_run(run_dir, bins, quiet=quiet, scan=scan)
-        top1 = scan.top1_pairs()
+        # from the tables, as `fullece metrics` (smooth and adaptive ECE from the
+        # top-1 fine grid): no position is read, relplot is not imported
+        metrics = metrics_for_run(run_dir, bins, quiet=quiet)
         if open_run(run_dir).store == "full":
             from pipeline.analysis.temperature import temperature_for_run
 
@@ -145,7 +142,11 @@ def prepare_run(
         "reliability": reliability(tables, reliability_bins),
         "consistency": _consistency_cells(run_dir, tables_dir, tables, reliability_bins, quiet),
         "label_counts": tables.label_count.copy(),
-        "top1": top1,
+        "smooth": smooth_reliability_binned(
+            tables.top1_n, tables.top1_conf_sum, tables.top1_correct
+        )
+        if tables.positions
+        else None,
         "temperature": temperature,
     }
 
@@ -816,21 +817,34 @@ def plot_reliability(data: dict, ax=None):
 
 
 def plot_smooth_reliability(data: dict, ax=None):
-    """relplot's smooth reliability diagram (relplot.plot_rel_diagram) of
-    :func:`prepare_smooth_reliability` data, in the run's colour."""
-    import relplot
-
+    """A smooth reliability diagram in the run's colour: the data of
+    ``pipeline.core.metrics.smooth_reliability_binned`` (what the report
+    draws: matplotlib only) or of :func:`prepare_smooth_reliability`
+    (relplot's, drawn by relplot.plot_rel_diagram)."""
     plt = _plt()
     if ax is None:
         fig, ax = plt.subplots(figsize=(5.0, 5.0))
     else:
         fig = ax.figure
-    relplot.plot_rel_diagram(data, fig=fig, ax=ax, use_default_style=False, color=data["color"])
+    if "accuracy" in data:
+        t, color = data["mesh"], data["color"]
+        ax.fill_between(t, 0.0, 0.25 * data["density"], color=color, alpha=0.25, lw=0)
+        ax.plot([0, 1], [0, 1], color="0.6", lw=1, ls="--")
+        ax.plot(t, data["accuracy"], color=color, lw=2)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_aspect("equal")
+        value = data["smooth_ece"]
+    else:
+        import relplot
+
+        relplot.plot_rel_diagram(data, fig=fig, ax=ax, use_default_style=False, color=data["color"])
+        value = data["ce"]
     ax.set_xlabel("top-1 confidence")
     ax.set_ylabel("accuracy (smoothed)")
     who = f"{data['label']}: " if data.get("label") else ""
     ax.set_title(
-        f"{who}smooth reliability (smECE = {data['ce']:.4f}, N = {data['positions']:,})",
+        f"{who}smooth reliability (smECE = {value:.4f}, N = {data['positions']:,})",
         fontsize=10,
         color=data["color"],
     )
@@ -1273,8 +1287,10 @@ def claim_report_files(out_dir: Path, names: list[str], force: bool) -> dict:
 
 
 SMOOTH_CAPTION = (
-    "relplot's kernel-smoothed reliability curve of the top-1 confidences "
-    "(Błasiok & Nakkiran), in the run's colour; the title gives the smooth ECE."
+    "Kernel-smoothed reliability curve of the top-1 confidences at the smooth ECE's "
+    "bandwidth (Błasiok & Nakkiran; relplot's kernel on the top-1 fine grid), in the "
+    "run's colour, over the shaded density of the confidences; the title gives the "
+    "smooth ECE."
 )
 TEMPERATURE_CAPTION = (
     "NLL (grey, left axis), Full-ECE (solid) and ECE (dotted) in the run's colour (right "
@@ -1314,8 +1330,8 @@ def prepare_figures(runs: list[dict]) -> list[dict]:
     ]
     for i, (run, color) in enumerate(zip(runs, run_colors(len(runs)), strict=True)):
         suffix = "" if len(runs) == 1 else f"_{i}"
-        if run["top1"] is not None:
-            data = prepare_smooth_reliability(*run["top1"], label=run["label"], color=color)
+        if run.get("smooth") is not None:
+            data = dict(run["smooth"], label=run["label"], color=color)
             data["caption"] = SMOOTH_CAPTION
             figures.append(
                 (

@@ -53,6 +53,7 @@ __all__ = [
     "adaptive_ece_formula",
     "smooth_ece_formula",
     "smooth_ece_binned",
+    "smooth_reliability_binned",
     "smooth_ece_at",
     "adaptive_ece_bounds_formula",
     "adaptive_ece_bounds_at",
@@ -736,30 +737,65 @@ def smooth_ece_binned(n_by_bin, conf_sum_by_bin, correct_by_bin, eps: float = 0.
     positions it differs by moving each confidence less than one bin width
     (1/F): docs/metrics.md states the tolerance. Cost O(F) plus relplot's own
     fixed convolutions; needs no positions."""
+    points, counts, residuals = _binned_points(n_by_bin, conf_sum_by_bin, correct_by_bin)
+    sigma = _smooth_ece_bandwidth(points, counts, residuals, eps)
+    return _smooth_ece_sigma(points, counts, residuals, sigma)
+
+
+def _binned_points(n_by_bin, conf_sum_by_bin, correct_by_bin):
+    """(mean confidence, positions, summed residual f − y) of each non-empty bin."""
     n = np.asarray(n_by_bin, np.float64)
     present = n > 0
     if not present.any():
         raise ValueError("smooth ECE needs at least one position")
     counts = n[present]
     conf = np.asarray(conf_sum_by_bin, np.float64)[present]
-    points = conf / counts
     residuals = conf - np.asarray(correct_by_bin, np.float64)[present]
+    return conf / counts, counts, residuals
+
+
+def _smooth_ece_bandwidth(points, counts, residuals, eps: float) -> float:
+    """relplot.metrics.smECE's bandwidth: search_param(start=1, refine=10)."""
 
     def wider_than_its_error(alpha):  # relplot.metrics.smECE's predicate
         return alpha < eps or alpha < _smooth_ece_sigma(points, counts, residuals, alpha)
 
-    if wider_than_its_error(1):  # relplot.metrics.search_param, start=1, refine=10
-        sigma = 1
-    else:
-        start, end = 1, 0
-        for _ in range(10):
-            mid = (start + end) / 2
-            if wider_than_its_error(mid):
-                end = mid
-            else:
-                start = mid
-        sigma = start
-    return _smooth_ece_sigma(points, counts, residuals, sigma)
+    if wider_than_its_error(1):
+        return 1
+    start, end = 1, 0
+    for _ in range(10):
+        mid = (start + end) / 2
+        if wider_than_its_error(mid):
+            end = mid
+        else:
+            start = mid
+    return start
+
+
+def smooth_reliability_binned(
+    n_by_bin, conf_sum_by_bin, correct_by_bin, eps: float = 0.001, points: int = 200
+) -> dict:
+    """The smooth reliability curve behind :func:`smooth_ece_binned`, at its
+    bandwidth (relplot.prepare_rel_diagram's curve): on `points` confidences t
+    in [0, 1], the kernel-smoothed accuracy (Nadaraya-Watson with relplot's
+    reflected Gaussian kernel: smoothed hits over smoothed positions) and the
+    density of the confidences (max 1). From the fine grid alone."""
+    bins, counts, residuals = _binned_points(n_by_bin, conf_sum_by_bin, correct_by_bin)
+    sigma = _smooth_ece_bandwidth(bins, counts, residuals, eps)
+    hits = bins * counts - residuals  # per bin: Σ correct = Σ f − Σ (f − y)
+    grid = max(2000, round(20 / sigma)) // 2 + 1
+    mesh = np.linspace(0, 1, points)
+    dens = _interpolate(mesh, _reflected_smooth(bins, counts, sigma, grid))
+    smoothed_hits = _interpolate(mesh, _reflected_smooth(bins, hits, sigma, grid))
+    accuracy = np.divide(smoothed_hits, dens, out=np.full(points, np.nan), where=dens > 0)
+    return {
+        "mesh": mesh,
+        "accuracy": np.clip(accuracy, 0.0, 1.0),
+        "density": dens / dens.max(),
+        "sigma": float(sigma),
+        "smooth_ece": _smooth_ece_sigma(bins, counts, residuals, sigma),
+        "positions": int(counts.sum()),
+    }
 
 
 def smooth_ece_at(tables: BinTables) -> float:
