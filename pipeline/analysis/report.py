@@ -356,31 +356,6 @@ def caption_reliability(data: dict) -> str:
     return " ".join(parts)
 
 
-def prepare_smooth_reliability(
-    confidence, correct, max_points: int = 200_000, *, label: str | None = None, color=None
-) -> dict:
-    """relplot's smooth reliability diagram data (relplot.prepare_rel_diagram)
-    for the top-1 confidences and their correctness; no bootstrap band. Above
-    `max_points` positions an evenly spaced subsample of the confidence-sorted
-    pairs is used for the curve (the smooth ECE itself is reported from all).
-    `label`, `color`: the run's (REFERENCE_COLOR without one)."""
-    import relplot
-
-    conf = np.asarray(confidence, np.float64)
-    hit = np.asarray(correct, np.float64)
-    if conf.size > max_points:
-        order = np.argsort(conf, kind="stable")
-        pick = order[np.linspace(0, conf.size - 1, max_points).astype(np.int64)]
-        conf, hit = conf[pick], hit[pick]
-    data = relplot.prepare_rel_diagram(
-        conf, hit, plot_confidence_band=False, report_CE_std=False, num_bootstrap=0
-    )
-    data["positions"] = int(np.asarray(confidence).size)
-    data["label"] = label
-    data["color"] = color or REFERENCE_COLOR
-    return data
-
-
 def prepare_temperature_curve(result: dict, *, label: str | None = None, color=None) -> dict:
     """NLL and Full-ECE against T from a `temperature_scan` result, T* marked;
     the calibration errors in the run's `color`, NLL and T* in REFERENCE_COLOR."""
@@ -817,36 +792,28 @@ def plot_reliability(data: dict, ax=None):
 
 
 def plot_smooth_reliability(data: dict, ax=None):
-    """A smooth reliability diagram in the run's colour: the data of
-    ``pipeline.core.metrics.smooth_reliability_binned`` (what the report
-    draws: matplotlib only) or of :func:`prepare_smooth_reliability`
-    (relplot's, drawn by relplot.plot_rel_diagram)."""
+    """The smooth reliability diagram of ``pipeline.core.metrics.smooth_reliability_binned``
+    data (with the run's ``label`` and ``color``): the smoothed accuracy over the
+    shaded density of the confidences, the diagonal dashed. Returns the figure."""
     plt = _plt()
     if ax is None:
         fig, ax = plt.subplots(figsize=(5.0, 5.0))
     else:
         fig = ax.figure
-    if "accuracy" in data:
-        t, color = data["mesh"], data["color"]
-        ax.fill_between(t, 0.0, 0.25 * data["density"], color=color, alpha=0.25, lw=0)
-        ax.plot([0, 1], [0, 1], color="0.6", lw=1, ls="--")
-        ax.plot(t, data["accuracy"], color=color, lw=2)
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
-        ax.set_aspect("equal")
-        value = data["smooth_ece"]
-    else:
-        import relplot
-
-        relplot.plot_rel_diagram(data, fig=fig, ax=ax, use_default_style=False, color=data["color"])
-        value = data["ce"]
+    t, color = data["mesh"], data["color"]
+    ax.fill_between(t, 0.0, 0.25 * data["density"], color=color, alpha=0.25, lw=0)
+    ax.plot([0, 1], [0, 1], color="0.6", lw=1, ls="--")
+    ax.plot(t, data["accuracy"], color=color, lw=2)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_aspect("equal")
     ax.set_xlabel("top-1 confidence")
     ax.set_ylabel("accuracy (smoothed)")
     who = f"{data['label']}: " if data.get("label") else ""
     ax.set_title(
-        f"{who}smooth reliability (smECE = {value:.4f}, N = {data['positions']:,})",
+        f"{who}smooth reliability (smECE = {data['smooth_ece']:.4f}, N = {data['positions']:,})",
         fontsize=10,
-        color=data["color"],
+        color=color,
     )
     return fig
 
