@@ -67,6 +67,7 @@ def timestamped_stderr(argv: list[str], env: dict | None = None, cwd=None) -> di
     )
     os.close(slave)
     updates, line, last_line = [], "", ""
+    shown = None  # the unfinished line already recorded as on screen, if any
     while True:
         ready, _, _ = select.select([master], [], [], 0.05)
         if not ready:
@@ -80,19 +81,23 @@ def timestamped_stderr(argv: list[str], env: dict | None = None, cwd=None) -> di
         if not data:
             break
         now = round(time.perf_counter() - t0, 3)
-        before = len(updates)
+        before, ended_shown = len(updates), False
         for part in re.split(r"([\r\n])", data):
             if part == "\n":
                 if line.strip():
                     last_line = _clean(line)
-                    updates.append((now, last_line))
-                line = ""
+                    if line != shown:
+                        updates.append((now, last_line))
+                    else:  # ending a line already on screen changes nothing
+                        ended_shown = True
+                line, shown = "", None
             elif part == "\r":
-                line = ""
+                line, shown = "", None
             else:
                 line += part
-        if line.strip() or len(updates) == before:  # a bar drawn, or a line cleared
+        if line.strip() or (len(updates) == before and not ended_shown):  # a bar, a line cleared
             updates.append((now, _clean(line) if line.strip() else last_line))
+            shown = line if line.strip() else None
     rc = proc.wait()
     wall = time.perf_counter() - t0
     os.close(master)

@@ -546,3 +546,20 @@ def test_bench_waits_timestamps_what_a_terminal_shows():
     assert [g["showing"] for g in measured][1:3] == ["fullece: preparing ...", "work:   0%"]
     assert measured[1]["announced"] and not measured[2]["announced"]
     assert measured[1]["seconds"] >= 0.5 and measured[2]["seconds"] >= 0.5  # the sleeps
+
+
+def test_bench_waits_a_line_ended_later_is_not_a_new_update():
+    """A bar's last state, then (in a later read) the newline that ends its line:
+    the screen did not change, so the reader records no second update (CI saw
+    the newline arrive apart from the bar and counted "work: 100%" twice)."""
+    from benchmarks.bench_waits import timestamped_stderr
+
+    code = (
+        "import sys, time; w = sys.stderr.write\n"
+        "w('\\rwork:   0%'); sys.stderr.flush(); time.sleep(0.3)\n"
+        "w('\\rwork: 100%'); sys.stderr.flush(); time.sleep(0.3)\n"
+        "w('\\n'); sys.stderr.flush(); time.sleep(0.3)\n"
+        "w('next line\\n'); sys.stderr.flush()\n"
+    )
+    run = timestamped_stderr([sys.executable, "-c", code])
+    assert [text for _, text in run["updates"]] == ["work:   0%", "work: 100%", "next line"], run
