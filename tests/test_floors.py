@@ -286,7 +286,7 @@ def test_bin_mass_sq_from_the_definition():
 )
 def test_bin_mass_sq_compiled_equals_numpy_and_definition(monkeypatch, alpha, n, k):
     """The compiled pass (taken once numba is loaded) and the numpy pass give the
-    same bits, rows with over 32 entries above bin 1 (merge sort), ties in a
+    same bits, rows with hundreds of entries above bin 1, ties in a
     fine bin, values on bin edges, a bin-1 tail and rows with no entry
     included; both equal the definition."""
     import pipeline.core.floors as floors

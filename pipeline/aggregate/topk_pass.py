@@ -44,7 +44,7 @@ from pipeline.aggregate.topk_format import (
     Rules,
     ShardSums,
 )
-from pipeline.core.arrow_numpy import column_numpy
+from pipeline.core.arrow_numpy import column_numpy, numpy_arrow
 from pipeline.core.binning import bin1_threshold
 from pipeline.core.tables import SparseBins
 from pipeline.errors import FulleceError
@@ -75,7 +75,6 @@ def warm_up(fine_bins: int, rows: int = 1000) -> None:
     rehash kernel too); the capacity hints are left as they were."""
     import pyarrow as pa
 
-    from pipeline.core.arrow_numpy import numpy_arrow
     from pipeline.store.schema import POSITIONS
 
     p = ((np.arange(rows) + 0.5) / rows).astype(np.float32)

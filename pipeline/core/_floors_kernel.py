@@ -4,7 +4,8 @@ In a module of their own so that importing the core never imports numba. The
 sums are those of the numpy path to the bit: each row's entries are grouped
 by (fine bin, then every coarser grid from the finest one already done that
 it divides), each group summed from 0.0 in the order the numpy path's stable
-sort leaves it, and each square added to its bin row by row.
+sort leaves it (a fine bin's entries in input order, the bins ascending), and
+each square added to its bin row by row.
 """
 
 from __future__ import annotations
@@ -12,52 +13,6 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.core._numba import numba
-
-_INSERTION_SORT_MAX = 32  # above: a bottom-up merge sort
-
-
-@numba.njit(cache=True, nogil=True)
-def _stable_order(levels, h, order, scratch):
-    """order[:h] = indices of levels[:h] in a stable ascending order."""
-    for i in range(h):
-        order[i] = i
-    if h <= _INSERTION_SORT_MAX:
-        for i in range(1, h):
-            moving = order[i]
-            key = levels[moving]
-            j = i
-            while j > 0 and levels[order[j - 1]] > key:
-                order[j] = order[j - 1]
-                j -= 1
-            order[j] = moving
-        return
-    src, dst = order, scratch
-    run = 1
-    while run < h:
-        for lo in range(0, h, 2 * run):
-            mid = min(lo + run, h)
-            hi = min(lo + 2 * run, h)
-            a, b, k = lo, mid, lo
-            while a < mid and b < hi:
-                if levels[src[b]] < levels[src[a]]:  # ties: the left run first
-                    dst[k] = src[b]
-                    b += 1
-                else:
-                    dst[k] = src[a]
-                    a += 1
-                k += 1
-            while a < mid:
-                dst[k] = src[a]
-                a += 1
-                k += 1
-            while b < hi:
-                dst[k] = src[b]
-                b += 1
-                k += 1
-        src, dst = dst, src
-        run *= 2
-    if src is not order:
-        order[:h] = src[:h]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -75,8 +30,6 @@ def bin_mass_sq_rows(offsets, probs, bin1, fine_bins, threshold, grids, source, 
     fine_sum = np.zeros(fine_bins + 1, np.float64)
     seen_in_row = np.full(fine_bins + 1, -1, np.int64)
     touched = np.empty(width, np.int64)
-    order = np.empty(width, np.int64)
-    scratch = np.empty(width, np.int64)
     group_bin = np.empty((n_grids, width), np.int64)
     group_q = np.empty((n_grids, width), np.float64)
     count = np.zeros(n_grids, np.int64)
@@ -96,12 +49,12 @@ def bin_mass_sq_rows(offsets, probs, bin1, fine_bins, threshold, grids, source, 
             else:
                 low += np.float64(v)
         low += bin1[r]
-        _stable_order(touched, h, order, scratch)
+        touched[:h].sort()  # distinct fine bins: any sort gives the one order
         # grid 0 (F): bin 1 holds the low mass, then one group per fine bin
         group_bin[0, 0] = 1
         group_q[0, 0] = low
         for i in range(h):
-            level = touched[order[i]]
+            level = touched[i]
             group_bin[0, i + 1] = level
             group_q[0, i + 1] = fine_sum[level]
         count[0] = h + 1

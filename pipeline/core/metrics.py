@@ -718,13 +718,19 @@ def _interpolate(t, y):
     return y[inds] * (1 - residual) + y[inds + 1] * residual
 
 
+def _smoothed_on(mesh, points, weights, sigma: float):
+    """`weights` at `points` smoothed by relplot's reflected Gaussian kernel of
+    width `sigma` on relplot's grid, read at `mesh`."""
+    grid = max(2000, round(20 / sigma)) // 2 + 1
+    return _interpolate(mesh, _reflected_smooth(points, weights, sigma, grid))
+
+
 def _smooth_ece_sigma(points, counts, residuals, sigma: float) -> float:
     """relplot's smooth_ece(f, y, sigma) (relplot.metrics) on weighted points:
     `counts[i]` positions at `points[i]` whose residuals f − y sum to `residuals[i]`."""
     mesh = np.linspace(0, 1, max(round(10 / sigma), 200))
-    grid = max(2000, round(20 / sigma)) // 2 + 1
-    num = _interpolate(mesh, _reflected_smooth(points, residuals, sigma, grid))
-    dens = _interpolate(mesh, _reflected_smooth(points, counts, sigma, grid)) + 0.0001
+    num = _smoothed_on(mesh, points, residuals, sigma)
+    dens = _smoothed_on(mesh, points, counts, sigma) + 0.0001
     return float(np.sum(np.abs(num / dens) * dens) / np.sum(dens))
 
 
@@ -783,10 +789,9 @@ def smooth_reliability_binned(
     bins, counts, residuals = _binned_points(n_by_bin, conf_sum_by_bin, correct_by_bin)
     sigma = _smooth_ece_bandwidth(bins, counts, residuals, eps)
     hits = bins * counts - residuals  # per bin: Σ correct = Σ f − Σ (f − y)
-    grid = max(2000, round(20 / sigma)) // 2 + 1
     mesh = np.linspace(0, 1, points)
-    dens = _interpolate(mesh, _reflected_smooth(bins, counts, sigma, grid))
-    smoothed_hits = _interpolate(mesh, _reflected_smooth(bins, hits, sigma, grid))
+    dens = _smoothed_on(mesh, bins, counts, sigma)
+    smoothed_hits = _smoothed_on(mesh, bins, hits, sigma)
     accuracy = np.divide(smoothed_hits, dens, out=np.full(points, np.nan), where=dens > 0)
     return {
         "mesh": mesh,
