@@ -555,3 +555,92 @@ def test_bands_against_consistency_resampling(tiny_run):  # noqa: F811
             assert below <= 0.05 + BAND_TOL and above <= 0.05 + BAND_TOL, report[-1]
             assert at_lo >= 0.05 - BAND_TOL and at_hi >= 0.05 - BAND_TOL, report[-1]
     print("\n".join(report))
+
+
+def test_figures_drawn_in_worker_processes_are_the_same_bytes(tmp_path):
+    """Every figure file (trend, temperature and smooth diagrams included) is
+    the same bytes whether drawn here or by forked workers, repeatedly."""
+    write_run(tmp_path / "t", dense_case(300, 20, seed=81, docs=8), k=5, label="topk")
+    write_run(tmp_path / "f", dense_case(200, 20, seed=82, docs=5), store="full", label="full")
+    runs = [tmp_path / "t", tmp_path / "f"]
+    outs = {}
+    for name, workers in (("here", 0), ("two", 2), ("three", 3), ("two-again", 2)):
+        write_report(runs, tmp_path / name, quiet=True, workers=workers)
+        outs[name] = {p.name: p.read_bytes() for p in sorted((tmp_path / name).glob("*.png"))}
+    assert {"trend.png", "temperature_1.png", "smooth_reliability_1.png"} <= set(outs["here"])
+    for name, files in outs.items():
+        assert files == outs["here"], name
+
+
+def _png_gray(path):
+    from PIL import Image
+
+    return np.asarray(Image.open(path).convert("L"), dtype=float)
+
+
+def _ink_margins(gray) -> list[int]:
+    """Blank pixels from each edge (top, bottom, left, right) to the first ink."""
+    rows = np.flatnonzero((gray < 250).any(axis=1))
+    cols = np.flatnonzero((gray < 250).any(axis=0))
+    return [rows[0], gray.shape[0] - 1 - rows[-1], cols[0], gray.shape[1] - 1 - cols[-1]]
+
+
+@pytest.mark.parametrize("title", ["short", "a run label long enough to spill " * 4])
+def test_saved_figure_is_matplotlibs_tight_crop(tmp_path, title):
+    """save_figure (one draw, pixels cropped; or, where content spills over the
+    figure's edge, a second canvas) writes what savefig(bbox_inches="tight")
+    writes: the same size and the same blank margins around the ink (to a
+    pixel; at least the pad), the same pixels but for anti-aliasing."""
+    from pipeline.analysis.report import PAD_INCHES, SAVE_DPI, _figure, save_figure
+
+    def figure():
+        fig = _figure(4.0, 3.0)
+        ax = fig.subplots()
+        ax.plot([1, 10, 100], [3, 1, 2])
+        ax.set_xscale("log")
+        ax.set_title(title)
+        ax.set_xlabel("x label")
+        return fig
+
+    ours = _png_gray(save_figure(figure(), tmp_path / "ours.png"))
+    figure().savefig(tmp_path / "theirs.png", bbox_inches="tight", dpi=SAVE_DPI)
+    theirs = _png_gray(tmp_path / "theirs.png")
+    assert abs(ours.shape[0] - theirs.shape[0]) <= 1 and abs(ours.shape[1] - theirs.shape[1]) <= 1
+    pad = PAD_INCHES * SAVE_DPI
+    for o, t in zip(_ink_margins(ours), _ink_margins(theirs), strict=True):
+        assert abs(o - t) <= 1 and o >= pad - 2, (
+            _ink_margins(ours),
+            _ink_margins(theirs),
+        )
+    # the crop starts on a whole pixel, matplotlib's canvas on the box's own
+    # fraction of one: compare at the best shift of at most a pixel
+    rows, cols = min(ours.shape[0], theirs.shape[0]) - 2, min(ours.shape[1], theirs.shape[1]) - 2
+    diff = min(
+        np.abs(
+            ours[1 + dy : 1 + dy + rows, 1 + dx : 1 + dx + cols] - theirs[1:-1, 1:-1][:rows, :cols]
+        ).mean()
+        for dy in (-1, 0, 1)
+        for dx in (-1, 0, 1)
+    )
+    assert diff < 3.0  # of 255
+    if len(title) > 100:  # the long title made the figure wider than its 4 inches
+        assert ours.shape[1] > 4.0 * SAVE_DPI
+
+
+def test_log_axis_labels_are_plain_text(three_runs):
+    """Log-axis tick labels read as matplotlib's (10⁶, 2×10⁻³) without mathtext,
+    and no text a report figure draws goes through the mathtext parser."""
+    from matplotlib.text import Text
+
+    from pipeline.analysis.report import plain_math_label, plot_reliability, prepare_reliability
+
+    assert plain_math_label(r"$\mathdefault{10^{6}}$") == "10⁶"
+    assert plain_math_label(r"$\mathdefault{10^{-12}}$") == "10⁻¹²"
+    assert plain_math_label(r"$\mathdefault{2\times10^{-3}}$") == "2×10⁻³"
+    assert plain_math_label(r"$\mathdefault{0.01}$") == "0.01"
+    assert plain_math_label("0.5") == "0.5"
+    fig = plot_reliability(prepare_reliability(three_runs, "full"))
+    fig.canvas.draw()
+    texts = [t.get_text() for t in fig.findobj(Text) if t.get_visible() and t.get_text()]
+    assert any("10" in t and t[-1] in "⁰¹²³⁴⁵⁶⁷⁸⁹" for t in texts)
+    assert not [t for t in texts if "$" in t]
