@@ -1440,6 +1440,14 @@ def draw_figure(plot, data: dict, path: Path) -> Path:
     return save_figure(plot(data), path)
 
 
+def _start_worker() -> None:
+    """A figure worker: Ctrl-C (SIGINT to the whole process group) is this
+    process's parent's to handle, which then shuts the workers down."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _warm_up() -> None:
     _plt()
 
@@ -1466,7 +1474,9 @@ def _figure_pool(workers: int):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+    pool = ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("fork"), initializer=_start_worker
+    )
     try:
         for _ in range(workers):
             pool.submit(_warm_up)
