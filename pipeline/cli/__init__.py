@@ -102,6 +102,13 @@ class TopLevelGroup(LazyGroup):
     the command that resumes (a command's own `resumable` words, else a
     generic line)."""
 
+    invoked: click.Command | None = None  # the subcommand this process ran (run's quick exit)
+
+    def resolve_command(self, ctx, args):
+        name, command, rest = super().resolve_command(ctx, args)
+        self.invoked = command
+        return name, command, rest
+
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
@@ -182,5 +189,33 @@ def main():
     """
 
 
+def run() -> None:
+    """The ``fullece`` console script: :func:`main`, and after a command that
+    declares ``quick_exit`` (it reads runs and has closed every file it wrote,
+    each written atomically) the process ends without the interpreter's
+    teardown, which frees every module and array one by one: 0.35-0.5 s of a
+    2-3 s ``fullece aggregate``, 0.1-0.3 s of ``metrics`` (measured); the
+    operating system reclaims the memory at once. Streams are flushed first;
+    if that fails (a closed pipe), Python's own exit reports it as usual."""
+    try:
+        main()
+        code = 0
+    except SystemExit as done:
+        if not (done.code is None or isinstance(done.code, int)):
+            raise
+        code = done.code or 0
+    if getattr(main.invoked, "quick_exit", False):
+        import logging
+
+        logging.shutdown()
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            sys.exit(code)
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    main()
+    run()

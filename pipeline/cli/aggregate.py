@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from pipeline.aggregate import DEFAULT_MEMORY_LIMIT, aggregate
-from pipeline.cli.common import ReadingCommand, resumable, shards_text
+from pipeline.cli.common import FinishingCommand, resumable, shards_text
 from pipeline.defaults import DEFAULT_FINE_BINS, MAX_BINS
 from pipeline.progress import notice
 
@@ -35,7 +35,7 @@ def _out_dir(ctx, param, value):
     return Path(value)
 
 
-@click.command("aggregate", cls=ReadingCommand)
+@click.command("aggregate", cls=FinishingCommand)
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--out",

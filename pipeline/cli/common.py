@@ -45,6 +45,15 @@ class ReadingCommand(Command):
     reported = (ValueError, FileNotFoundError)
 
 
+class FinishingCommand(ReadingCommand):
+    """A reading command that, once it returns, holds nothing open: every file
+    it wrote is written atomically and closed, its scratch removed, its locks,
+    pools and DuckDB connections released. The console script then ends the
+    process without the interpreter's teardown (``pipeline.cli.run``)."""
+
+    quick_exit = True
+
+
 def fail(err: Exception):
     """Re-raise a library error as a one-line click error (exit status 1)."""
     raise click.ClickException(str(err)) from err

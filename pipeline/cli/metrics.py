@@ -6,14 +6,14 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.common import ReadingCommand, dumps_json
+from pipeline.cli.common import FinishingCommand, dumps_json
 from pipeline.defaults import MAX_BINS, PAPER_BINS
 
 # The analysis modules are imported inside each command: `fullece metrics` never
 # loads the compare code, nor `fullece compare` the metrics formatting.
 
 
-@click.command("metrics", cls=ReadingCommand)
+@click.command("metrics", cls=FinishingCommand)
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option(
     "--bins",
@@ -72,7 +72,7 @@ def metrics(run_dir, bins, replicates, seed, as_json, quiet, partial, from_posit
         click.echo(format_metrics(result))
 
 
-@click.command("compare", cls=ReadingCommand)
+@click.command("compare", cls=FinishingCommand)
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "-M",

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.common import ReadingCommand, resumable
+from pipeline.cli.common import FinishingCommand, resumable
 from pipeline.store.manifest import RunError
 
 
-@click.command("report", cls=ReadingCommand)
+@click.command("report", cls=FinishingCommand)
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--out",

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.common import ReadingCommand, dumps_json, resumable, shards_text
+from pipeline.cli.common import FinishingCommand, dumps_json, resumable, shards_text
 from pipeline.progress import notice
 
 
-@click.command("temperature", cls=ReadingCommand)
+@click.command("temperature", cls=FinishingCommand)
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option(
     "--grid",
