@@ -19,8 +19,8 @@
 4. scale (docs/performance.md, "Scale"): the map step (shard -> partial
    tables) timed per shard at several shard sizes with pyarrow on one thread
    (the kernel is single-threaded), and the reduce step (partial tables ->
-   tables) over runs of 10, 100 and 1,000 small shards (hard links to a few
-   distinct files).
+   tables) over runs of 10, 100 and 1,000 small shards, each generated (a
+   run listing the same shard content twice is refused).
 
     python -m benchmarks.bench_aggregate --out DIR [--quick]
 
@@ -684,38 +684,6 @@ def time_map(run_dir: Path) -> list[float]:
     return times
 
 
-def linked_run(src: Path, dst: Path, shards: int) -> Path:
-    """A run of `shards` shards whose files are hard links to src's shards, in turn."""
-    if (dst / "manifest.json").exists():
-        return dst
-    shutil.rmtree(dst, ignore_errors=True)
-    (dst / "shards").mkdir(parents=True)
-    manifest = json.loads((src / "manifest.json").read_text())
-    base = manifest["shards"]
-    entries = []
-    for index in range(shards):
-        e = dict(base[index % len(base)])
-        names = {
-            "positions": f"shards/positions-{index:05d}.parquet",
-            "class_tail": f"shards/class_tail-{index:05d}.parquet",
-        }
-        for kind, rel in names.items():
-            os.link(src / e[kind], dst / rel)
-        entries.append(
-            e
-            | names
-            | {
-                "index": index,
-                "files": {rel: path_sha256(dst / rel) for rel in names.values()},
-            }
-        )
-    manifest["shards"] = entries
-    manifest["positions"] = sum(e["rows"] for e in entries)
-    manifest["label"] = dst.name
-    (dst / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    return dst
-
-
 def bench_scale(data: Path, s: dict) -> dict:
     """Map throughput per shard size; reduce time against the number of shards."""
     from pipeline.aggregate import reduce, shard_map
@@ -742,15 +710,12 @@ def bench_scale(data: Path, s: dict) -> dict:
             f"({entry['kept_entries_per_second_per_core'] / 1e6:.1f} M kept entries/s/core)"
         )
     rows = s["reduce_shard_rows"]
-    distinct = make_topk_run(
-        data / f"scale-distinct-{rows}",
-        rows * s["distinct_shards"],
-        s["K"],
-        s["k"],
-        rows,
-    )
     for shards in s["reduce_shards"]:
-        run_dir = linked_run(distinct, data / f"scale-reduce-{shards}", shards)
+        # every shard generated: a run listing one shard's content twice is
+        # refused (its positions would count twice)
+        run_dir = make_topk_run(
+            data / f"scale-reduce-{shards}", rows * shards, s["K"], s["k"], rows
+        )
         _fresh(run_dir)
         runs = open_runs([run_dir])
         tables = run_dir / "tables"
@@ -851,7 +816,6 @@ def main(argv=None):
             "map_shard_rows": [5_000, 20_000] if q else [5_000, 20_000, 80_000],
             "reduce_shards": [10, 100] if q else [10, 100, 1_000],
             "reduce_shard_rows": 1_000,
-            "distinct_shards": 10,
         },
     }
     data = (

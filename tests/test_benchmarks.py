@@ -52,6 +52,18 @@ def test_realistic_section_measures_whole_processes(tmp_path):
                                             "polars_sorted"}  # fmt: skip
 
 
+def test_scale_section_runs(tmp_path):
+    """bench_aggregate's scale section on tiny settings (it once linked one
+    shard's files into several, which a run may no longer list)."""
+    from benchmarks.bench_aggregate import bench_scale
+
+    settings = {"map_shard_rows": [100], "reduce_shards": [3], "reduce_shard_rows": 100,
+                "K": 300, "k": 8}  # fmt: skip
+    r = bench_scale(tmp_path, settings)
+    assert [e["shards"] for e in r["reduce"]] == [3] and r["reduce"][0]["positions"] == 300
+    assert r["map"][0]["shard_rows"] == 100
+
+
 @pytest.mark.slow
 def test_bench_extract_runs(tmp_path):
     pytest.importorskip("torch")

@@ -22,6 +22,7 @@ import math
 import os
 import re
 import sys
+import warnings
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -1478,8 +1479,13 @@ def _figure_pool(workers: int):
         workers, mp_context=multiprocessing.get_context("fork"), initializer=_start_worker
     )
     try:
-        for _ in range(workers):
-            pool.submit(_warm_up)
+        with warnings.catch_warnings():
+            # Python 3.12+ warns of fork() beside running threads (numpy's BLAS
+            # pool): the children only draw (matplotlib, numpy, Pillow) and
+            # never use another thread's state
+            warnings.filterwarnings("ignore", ".*fork.*", DeprecationWarning)
+            for _ in range(workers):
+                pool.submit(_warm_up)
         yield pool
     finally:
         pool.shutdown(cancel_futures=True)
