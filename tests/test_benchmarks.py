@@ -64,6 +64,20 @@ def test_scale_section_runs(tmp_path):
     assert r["map"][0]["shard_rows"] == 100
 
 
+def test_peak_memory_is_the_aggregating_process_own(tmp_path):
+    """The memory section's figure is the child's own peak, not this process's:
+    a child's ru_maxrss starts at its parent's peak (600 MB here)."""
+    import numpy as np
+
+    from benchmarks.bench_aggregate import make_topk_run, peak_memory
+
+    run = make_topk_run(tmp_path / "run", 400, 300, 8, shard_rows=200)
+    ballast = np.ones(600 * 2**20 // 8)  # resident: every page written
+    r = peak_memory(run, "1GB")
+    assert ballast.sum() == ballast.size
+    assert 0 < r["peak_rss_bytes"] < 400 * 2**20, r
+
+
 @pytest.mark.slow
 def test_bench_extract_runs(tmp_path):
     pytest.importorskip("torch")
