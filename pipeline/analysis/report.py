@@ -717,7 +717,10 @@ def _plain_log_formatter():
 
 def _log_scale(axis) -> None:
     """Put `axis` (``ax.xaxis`` or ``ax.yaxis``) on a log scale with plain-text labels."""
-    axis.axes.set_xscale("log") if axis is axis.axes.xaxis else axis.axes.set_yscale("log")
+    if axis is axis.axes.xaxis:
+        axis.axes.set_xscale("log")
+    else:
+        axis.axes.set_yscale("log")
     formatter = _plain_log_formatter()
     axis.set_major_formatter(formatter())
     axis.set_minor_formatter(formatter())
