@@ -618,7 +618,7 @@ def _plt():
     return plt
 
 
-def _figure(width: float, height: float, *, left=0.8, right=0.3, top=0.7, bottom=0.75):
+def _figure(width: float, height: float, *, left=0.8, right=0.3, top=0.7, bottom=0.75, wspace=None):
     """A pyplot figure of width x height inches with fixed margins (inches) for
     labels, titles and legends; its axes are added by the caller (`fig.subplots`).
     No layout engine: save_figure crops the margins to the content after a
@@ -626,7 +626,11 @@ def _figure(width: float, height: float, *, left=0.8, right=0.3, top=0.7, bottom
     plt = _plt()
     fig = plt.figure(figsize=(width, height))
     fig.subplots_adjust(
-        left=left / width, right=1 - right / width, top=1 - top / height, bottom=bottom / height
+        left=left / width,
+        right=1 - right / width,
+        top=1 - top / height,
+        bottom=bottom / height,
+        wspace=wspace,
     )
     return fig
 
@@ -1019,8 +1023,7 @@ def plot_metrics_vs_bins(data: dict, ax=None):
     panels = data["metrics"]
     made = ax is None
     if made:
-        fig = _figure(12.0, 4.6, left=0.9, right=0.2, top=0.75, bottom=1.05)
-        fig.subplots_adjust(wspace=0.3)
+        fig = _figure(12.0, 4.6, left=0.9, right=0.2, top=0.75, bottom=1.05, wspace=0.3)
         axes = fig.subplots(1, len(panels))
     else:
         axes = list(ax)
@@ -1082,7 +1085,11 @@ def plot_metrics_vs_bins(data: dict, ax=None):
             frameon=False,
             bbox_to_anchor=(0.5, 0.0),
         )
-        fig.suptitle("Calibration error against the number of bins", y=1 - 0.1 / 4.6, va="top")
+        fig.suptitle(
+            "Calibration error against the number of bins",
+            y=1 - 0.1 / fig.get_figheight(),
+            va="top",
+        )
     else:
         axes[0].legend(handles=handles, fontsize=8, frameon=False)
     return fig
@@ -1134,8 +1141,7 @@ def plot_trend(trend: dict, ax=None):
     y axis as prepared."""
     panels = trend["panels"]
     if ax is None:
-        fig = _figure(12.0, 4.8, left=0.9, right=0.2, top=0.5, bottom=1.5)
-        fig.subplots_adjust(wspace=0.3)
+        fig = _figure(12.0, 4.8, left=0.9, right=0.2, top=0.5, bottom=1.5, wspace=0.3)
         axes = fig.subplots(1, len(panels))
     else:
         axes = list(ax)
