@@ -247,22 +247,62 @@ def _tail(col):
     )
 
 
-def _dense_rows_of_shard(shard, scan=None):
-    """(sum_p2, entropy) per row of a full-store shard, from its logits; and
-    the shard's Σ_i q_im² added to `scan` when it keeps them."""
-    from pipeline.core.floors import bin_mass_sq
+class DenseRowScores:
+    """Σ p² and −Σ p ln p per row of a full-store shard, and its Σ_i q_im²
+    (with `fine_bins`), from rows given in order: by the aggregation's dense
+    pass (``CalibrationAccumulator.update_logits(on_rows=self)``) or by
+    :func:`_dense_rows_of_shard`. Both compute each row with the same kernel
+    and add its squares in row order, so the sums are the same bits either way."""
+
+    def __init__(self, fine_bins: int | None = None):
+        from pipeline.core.floors import MassSqRows, floor_bins_of
+
+        self._sum_p2: list[np.ndarray] = []
+        self._entropy: list[np.ndarray] = []
+        self._mass_sq = (
+            None if fine_bins is None else MassSqRows(floor_bins_of(fine_bins), fine_bins)
+        )
+
+    def __call__(self, summary) -> None:
+        self.add(summary.rows, summary.vals, summary.sum_p2, summary.entropy, summary.low_mass)
+
+    def add(self, rows, vals, sum_p2, entropy, low_mass) -> None:
+        """Consecutive rows: their entries above fine bin 1 (`rows` from 0, in
+        order; `vals` float32) and, per row, Σ p², entropy, fine-bin-1 mass."""
+        self._sum_p2.append(sum_p2)
+        self._entropy.append(entropy)
+        if self._mass_sq is not None:
+            n = sum_p2.size
+            offsets = np.zeros(n + 1, np.int64)
+            np.cumsum(np.bincount(rows, minlength=n), out=offsets[1:])
+            self._mass_sq.add(offsets, vals, low_mass)
+
+    def result(self) -> tuple[np.ndarray, np.ndarray, dict | None]:
+        """(sum_p2 [n], entropy [n], {M: Σ_i q_im²} or None)."""
+        return (
+            np.concatenate(self._sum_p2) if self._sum_p2 else np.zeros(0),
+            np.concatenate(self._entropy) if self._entropy else np.zeros(0),
+            None if self._mass_sq is None else self._mass_sq.result(),
+        )
+
+
+def _dense_rows_of_shard(shard, fine_bins: int | None = None):
+    """:meth:`DenseRowScores.result` of a full-store shard, from its logits
+    (where the aggregation did not hand them over)."""
+    from pipeline.core import _dense_kernel
+    from pipeline.core.binning import bin1_threshold
     from pipeline.core.probability import probs_of_record
     from pipeline.store.run import iter_logit_blocks
 
-    sq, ent = [], []
+    threshold = bin1_threshold(fine_bins or 1000)
+    rows = DenseRowScores(fine_bins)
     for _, block, lse in iter_logit_blocks(shard):
-        p32 = probs_of_record(block, lse)
-        p = p32.astype(np.float64)
-        sq.append(np.einsum("ij,ij->i", p, p))
-        ent.append(_neg_xlogx(p).sum(axis=1))
-        if scan is not None and scan.mass_sq is not None:
-            scan.add_mass_sq(bin_mass_sq(p32, scan.mass_sq, scan.fine_bins, p))
-    return np.concatenate(sq), np.concatenate(ent)
+        p = np.ascontiguousarray(probs_of_record(block, lse), np.float32)
+        scores = [np.empty(p.shape[0]) for _ in range(3)]
+        _dense_kernel.row_scores(p, threshold, *scores)
+        r, c = np.nonzero(p > threshold)
+        rows.add(r, p[r, c], *scores)
+    return rows.result()
 
 
 def scan_run(
@@ -285,6 +325,7 @@ def _scan_runs(
     keep_pairs: bool = True,
     fine_bins: int | None = None,
     name: str = "positions",
+    dense: dict | None = None,
 ) -> PositionScan:
     from pipeline.store.run import iter_positions, open_positions, read_ahead
 
@@ -305,7 +346,13 @@ def _scan_runs(
         )
         if fine_bins is not None and run.store != "full":
             cols = every  # Σ_i q_im² (Full-ECE's floor) reads kept_probs and the tail
-        dense = _dense_rows_of_shard(shard, scan) if run.store == "full" else None
+        dense_rows = None
+        if run.store == "full":
+            # the aggregation's dense pass computed them (`dense`), else one pass here
+            handed = (dense or {}).get(str(shard.path("logits")))
+            dense_rows = handed or _dense_rows_of_shard(shard, fine_bins)
+            if scan.mass_sq is not None:
+                scan.add_mass_sq(dense_rows[2])
         # the next batch decodes (GIL released) while this one is summed
         ahead = read_ahead(iter_positions(shard, cols, BATCH_ROWS))
         try:
@@ -314,8 +361,11 @@ def _scan_runs(
                 stop = start + batch.num_rows
                 part = (
                     None
-                    if dense is None
-                    else {"sum_p2": dense[0][start:stop], "entropy": dense[1][start:stop]}
+                    if dense_rows is None
+                    else {
+                        "sum_p2": dense_rows[0][start:stop],
+                        "entropy": dense_rows[1][start:stop],
+                    }
                 )
                 try:
                     scan.update(batch, part)
@@ -364,11 +414,14 @@ def _scores_path(meta: dict) -> Path:
     return private_cache_dir("scores") / f"{_inputs_key(meta)}-F{meta.get('fine_bins')}.json"
 
 
-def write_scores(runs, tables_dir, meta: dict, *, progress: bool = False) -> dict:
+def write_scores(
+    runs, tables_dir, meta: dict, *, progress: bool = False, dense: dict | None = None
+) -> dict:
     """Scan the runs' (verified) positions once for the NLL, Brier and entropy
     sums and keep them in the user's cache (see _scores_path), so that
     ``fullece metrics`` reads no position again while the cache holds them.
-    Written atomically;
+    `dense`: full-store shards' :meth:`DenseRowScores.result`, by logits path,
+    from the aggregation's own pass. Written atomically;
     returns the sums. `tables_dir` is unused: kept for the callers' order."""
     from pipeline.store import atomic
 
@@ -378,6 +431,7 @@ def write_scores(runs, tables_dir, meta: dict, *, progress: bool = False) -> dic
         keep_pairs=False,
         fine_bins=meta.get("fine_bins"),
         name="aggregate scores",
+        dense=dense,
     ).sums()
     record = {"schema_version": SCORES_VERSION, "inputs": _inputs_key(meta), **sums}
     atomic.write_json(_scores_path(meta), record)

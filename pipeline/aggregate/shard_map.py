@@ -157,14 +157,17 @@ def _warm_up_dense(fine_bins: int, rows: int = 300) -> None:
     K = 2, before the map step's bar opens."""
     import numpy as np
 
+    from pipeline.aggregate.positions import DenseRowScores
     from pipeline.core.accumulator import CalibrationAccumulator
 
     logits = np.linspace(-8, 8, 2 * rows, dtype=np.float32).reshape(rows, 2)
     lse = np.logaddexp(logits[:, 0], logits[:, 1]).astype(np.float32)
     acc = CalibrationAccumulator(vocab_size=2, fine_bins=fine_bins)
     labels = (np.arange(rows) % 2).astype(np.int32)
-    acc.update_logits(logits, labels, np.zeros(rows, np.int64), logsumexp=lse)
+    scores = DenseRowScores(fine_bins)  # the scores' row and floor kernels too
+    acc.update_logits(logits, labels, np.zeros(rows, np.int64), logsumexp=lse, on_rows=scores)
     acc.compute()
+    scores.result()
 
 
 # Logits per thread in one step of a dense shard's map (the accumulator's task
@@ -177,7 +180,13 @@ def dense_step_rows(vocab_size: int, threads: int) -> int:
     return max(1, DENSE_STEP_BYTES * max(1, int(threads)) // (4 * int(vocab_size)))
 
 
-def _aggregate_full_shard(shard: Shard, part_dir: Path, fine_bins: int, bar=None) -> dict:
+def _aggregate_full_shard(
+    shard: Shard, part_dir: Path, fine_bins: int, bar=None, dense_scores: dict | None = None
+) -> dict:
+    """One full-store shard's partial tables; with `dense_scores`, its rows'
+    Σ p², entropy and Σ_i q_im² too (positions.DenseRowScores, by logits
+    path), computed in the same pass over its logits."""
+    from pipeline.aggregate.positions import DenseRowScores
     from pipeline.core.accumulator import CalibrationAccumulator
     from pipeline.core.checks import InputError
 
@@ -188,18 +197,23 @@ def _aggregate_full_shard(shard: Shard, part_dir: Path, fine_bins: int, bar=None
     labels = column_numpy(cols.column("label"))
     acc = CalibrationAccumulator(vocab_size=shard.vocab_size, fine_bins=fine_bins)
     step = dense_step_rows(shard.vocab_size, acc.threads)
+    rows = None if dense_scores is None else DenseRowScores(fine_bins)
     for first, whole, whole_lse in iter_logit_blocks(shard):
         # the bar moves after each step, not once per stored block (seconds)
         for at in range(0, whole.shape[0], step):
             block, lse = whole[at : at + step], whole_lse[at : at + step]
             start, stop = first + at, first + at + block.shape[0]
             try:
-                acc.update_logits(block, labels[start:stop], doc_ids[start:stop], logsumexp=lse)
+                acc.update_logits(
+                    block, labels[start:stop], doc_ids[start:stop], logsumexp=lse, on_rows=rows
+                )
             except InputError as err:
                 raise AggregateError(f"{zpath}: rows {start}..{stop - 1}: {err}") from err
             if bar is not None:
                 bar.update(stop - start)
     tables = acc.compute()
+    if rows is not None:
+        dense_scores[str(zpath)] = rows.result()
     arrow = tables.to_arrow()
     with atomic.atomic_path(part_dir) as tmp:
         tmp.mkdir()
@@ -302,12 +316,14 @@ def build_parts(
     parts_base: Path | None = None,
     workers: int | None = None,
     kept: PartCache | None = None,
+    dense_scores: dict | None = None,
 ):
     """Map step: (re)compute the partial tables of every shard whose key changed.
 
     Returns [(run, shard, part_dir, part_meta)] and how many shards were read.
     Top-k shards are mapped `workers` at a time (default: one per core); `kept`
-    receives their partial tables for an in-memory reduce.
+    receives their partial tables for an in-memory reduce; `dense_scores` the
+    per-row sums of the full-store shards read (see _aggregate_full_shard).
     """
     todo, done = [], []
     if kept is not None:
@@ -342,7 +358,7 @@ def build_parts(
     with _progress(total, "aggregate", progress) as bar:
         for _run, shard, part_dir in todo:
             if shard.store != "topk":
-                meta = _aggregate_full_shard(shard, part_dir, fine_bins, bar)
+                meta = _aggregate_full_shard(shard, part_dir, fine_bins, bar, dense_scores)
                 metas[part_dir] = _seal_part(part_dir, meta)
         metas.update(_map_topk_shards(topk, fine_bins, bar, workers, kept, small))
     done.extend((run, shard, part_dir, metas[part_dir]) for run, shard, part_dir in todo)

@@ -84,15 +84,22 @@ def aggregate(
         parts_base = None if keep_parts else temp_dir / "parts"
         try:
             kept = PartCache(memory_rows(memory_limit))
+            dense_scores: dict = {}  # the scores' per-row sums of full-store shards
             parts, _ = build_parts(
-                runs, out, fine_bins, progress=progress, parts_base=parts_base, kept=kept
+                runs,
+                out,
+                fine_bins,
+                progress=progress,
+                parts_base=parts_base,
+                kept=kept,
+                dense_scores=dense_scores,
             )
             notice(f"aggregate: summing the partial tables of {len(parts)} shard(s) ...", progress)
             meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir, kept)
             from pipeline.aggregate.positions import write_scores
 
             # NLL, Brier, entropy sums, cached: metrics need not scan
-            write_scores(runs, out, meta, progress=progress)
+            write_scores(runs, out, meta, progress=progress, dense=dense_scores)
         finally:
             _release_map_memory()  # nothing of the map step outlives the call
             shutil.rmtree(temp_dir, ignore_errors=True)

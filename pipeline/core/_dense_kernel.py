@@ -315,3 +315,69 @@ def fine_bins(vals, n_bins):
     for i in range(vals.size):
         out[i] = max(np.int32(np.ceil(np.float64(vals[i]) * n_bins)), np.int32(1))
     return out
+
+
+# ln p of a float32 p from its bits: fdlibm's log (e_log.c; within 1 ulp),
+# branch-free so that the loop vectorises (a call to libm's log per entry
+# would not): p = m 2^e with m in [sqrt(1/2), sqrt(2)), f = m - 1,
+# s = f / (2 + f), ln m = f - (f²/2 - s (f²/2 + R(s²)))
+_LN2 = 0.6931471805599453
+_MANTISSA_UNIT = 1.0 / 8388608.0  # 2^-23
+_SQRT2_MANTISSA = 0x3504F3  # the float32 mantissa bits of sqrt(2)
+_LG = (
+    6.666666666666735130e-01,
+    3.999999999940941908e-01,
+    2.857142874366239149e-01,
+    2.222219843214978396e-01,
+    1.818357216161805012e-01,
+    1.531383769920937332e-01,
+    1.479819860511658591e-01,
+)
+
+
+@numba.njit(cache=True, nogil=True, inline="always", fastmath=_FAST, error_model="numpy")
+def _row_scores(p, bits, threshold):
+    """(Σ p², −Σ p ln p, Σ of the p <= threshold, entries needing numpy's log)
+    of one float32 row, in float64. Subnormal, inf and NaN entries are
+    counted, not summed right: their row is summed again with np.log."""
+    lg1, lg2, lg3, lg4, lg5, lg6, lg7 = _LG
+    sq = 0.0
+    h = 0.0
+    low = 0.0
+    odd = 0.0
+    for j in range(p.size):
+        d = np.float64(p[j])
+        sq += d * d
+        low += d if p[j] <= threshold else 0.0
+        b = bits[j]
+        frac = b & 0x7FFFFF
+        big = np.int32(frac > _SQRT2_MANTISSA)
+        e = np.float64(((b >> 23) & 0xFF) - 127 + big)
+        f = (np.float64(frac) * _MANTISSA_UNIT + 1.0) * (1.0 - 0.5 * np.float64(big)) - 1.0
+        s = f / (2.0 + f)
+        z = s * s
+        w = z * z
+        r = w * (lg2 + w * (lg4 + w * lg6)) + z * (lg1 + w * (lg3 + w * (lg5 + w * lg7)))
+        half_f2 = 0.5 * f * f
+        h -= d * (e * _LN2 + (f - (half_f2 - s * (half_f2 + r)))) if b >= 0x800000 else 0.0
+        odd += 1.0 if ((b > 0) & (b < 0x800000)) | (b >= 0x7F800000) else 0.0
+    return sq, h, low, odd
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def row_scores(p, threshold, sum_p2, entropy, low_mass):
+    """Per row of a C-contiguous float32 block: Σ p², −Σ p ln p (0 ln 0 = 0;
+    only p > 0 counts, as pipeline.core.metrics._neg_xlogx) and the mass of
+    the entries at most `threshold` (fine bin 1), all float64."""
+    bits = p.view(np.int32)
+    for i in range(p.shape[0]):
+        sq, h, low, odd = _row_scores(p[i], bits[i], threshold)
+        if odd:  # subnormal, inf or NaN entries: numpy's log, in order
+            h = 0.0
+            for j in range(p.shape[1]):
+                d = np.float64(p[i, j])
+                if d > 0.0:
+                    h -= d * np.log(d)
+        sum_p2[i] = sq
+        entropy[i] = h
+        low_mass[i] = low

@@ -62,6 +62,13 @@ class _DenseSummary:
     top1_id: np.ndarray  # int64 [b], argmax: first index among ties
     top1_prob: np.ndarray  # float32 [b]
     bins: np.ndarray | None = None  # int32 [nnz] fine bins of vals (None: not computed yet)
+    # per row, float64, when asked (row_scores): Σ p², −Σ p ln p, the fine-bin-1 mass
+    sum_p2: np.ndarray | None = None
+    entropy: np.ndarray | None = None
+    low_mass: np.ndarray | None = None
+
+
+_ROW_SCORES = ("sum_p2", "entropy", "low_mass")
 
 
 def _merge_summaries(parts: list[tuple[int, _DenseSummary]]) -> _DenseSummary:
@@ -85,6 +92,12 @@ def _merge_summaries(parts: list[tuple[int, _DenseSummary]]) -> _DenseSummary:
         bins=None
         if any(s.bins is None for _, s in parts)
         else np.concatenate([s.bins for _, s in parts]),
+        **{
+            name: None
+            if getattr(parts[0][1], name) is None
+            else np.concatenate([getattr(s, name) for _, s in parts])
+            for name in _ROW_SCORES
+        },
     )
 
 
@@ -164,13 +177,14 @@ def _grow(buffers, fill: int, need: int):
 
 
 def _summarise_numpy(
-    data, labels, threshold, fine_bins, first, stop, block, to_probs
+    data, labels, threshold, fine_bins, first, stop, block, to_probs, row_scores=False
 ) -> _DenseSummary:
     """Rows first..stop of the numpy ``data`` summarised by the compiled kernel
     (pipeline.core._dense_kernel), one row at a time, in blocks of ``block``
     rows; ``to_probs(start, stop)`` gives a block as C-contiguous float32
     probabilities of record. Runs without the GIL: fold groups are split
-    over threads by _update_dense."""
+    over threads by _update_dense. With `row_scores`, each row's Σ p², entropy
+    and fine-bin-1 mass too (from the block while it is in cache)."""
     from pipeline.core import _dense_kernel as kernel
 
     b, k = stop - first, data.shape[1]
@@ -185,10 +199,13 @@ def _summarise_numpy(
     empty = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float32))
     buffers = _grow(empty, 0, room + 128 * b)  # rows with more entries grow them
     fill, min_value = 0, 0.0
+    scores = {name: np.empty(b, np.float64) for name in _ROW_SCORES} if row_scores else {}
     for start in range(first, stop, block):
         end = min(start + block, stop)
         p = to_probs(start, end)
         lo, hi = start - first, end - first
+        if row_scores:
+            kernel.row_scores(p, threshold, *(scores[name][lo:hi] for name in _ROW_SCORES))
         out = (row_sums[lo:hi], label_probs[lo:hi], top1_id[lo:hi], top1_prob[lo:hi])
         row = negatives = nonfinite = 0
         while True:
@@ -223,6 +240,7 @@ def _summarise_numpy(
         top1_id=top1_id,
         top1_prob=top1_prob,
         bins=bins,
+        **scores,
     )
 
 
@@ -401,12 +419,20 @@ class CalibrationAccumulator:
         """Add dense probabilities ``[n, K]`` (rows summing to 1) and labels ``[n]``."""
         self._update_dense(probs, labels, seq_ids, from_logits=False, logsumexp=None)
 
-    def update_logits(self, logits, labels, seq_ids=None, *, logsumexp=None) -> None:
+    def update_logits(self, logits, labels, seq_ids=None, *, logsumexp=None, on_rows=None) -> None:
         """Add dense logits ``[n, K]``; probabilities of record are
-        float32 ``exp(logit - logsumexp)`` (logsumexp computed if not given)."""
-        self._update_dense(logits, labels, seq_ids, from_logits=True, logsumexp=logsumexp)
+        float32 ``exp(logit - logsumexp)`` (logsumexp computed if not given).
 
-    def _update_dense(self, data, labels, seq_ids, *, from_logits, logsumexp):
+        ``on_rows(summary)``, numpy input only: called in row order, once per
+        group of rows folded, with what the pass computed of them anyway
+        (``rows``, ``vals``: their entries above fine bin 1, rows counted from
+        the group's first; ``sum_p2``, ``entropy``, ``low_mass``: per row),
+        so that per-position sums need no second pass over the logits."""
+        self._update_dense(
+            logits, labels, seq_ids, from_logits=True, logsumexp=logsumexp, on_rows=on_rows
+        )
+
+    def _update_dense(self, data, labels, seq_ids, *, from_logits, logsumexp, on_rows=None):
         n, k = check_prob_matrix_shape(data)
         if k != self.vocab_size:
             raise InputError(f"expected K={self.vocab_size} columns, got {k}")
@@ -417,6 +443,8 @@ class CalibrationAccumulator:
         # work over K (bincounts, vector updates) is paid once per fold
         fold_rows = block * -(-_FOLD_BYTES // (block * k * 4))
         if is_torch_tensor(data):
+            if on_rows is not None:
+                raise TypeError("on_rows: numpy input only")
             self._update_dense_torch(
                 data, labels, seq_ids, block, fold_rows, from_logits, logsumexp
             )
@@ -449,16 +477,20 @@ class CalibrationAccumulator:
 
         def summarise(a, z):
             return _summarise_numpy(
-                data, labels, self._threshold, self.fine_bins, a, z, block, to_probs
-            )
+                data, labels, self._threshold, self.fine_bins, a, z, block, to_probs,
+                row_scores=on_rows is not None,
+            )  # fmt: skip
 
         def fold(group, parts):
             first, stop = group
+            summary = _merge_summaries(parts)
             self._fold_dense(
-                _merge_summaries(parts),
+                summary,
                 labels[first:stop],
                 None if seq_ids is None else seq_ids[first:stop],
             )
+            if on_rows is not None:
+                on_rows(summary)
 
         if self.threads == 1 or len(tasks(groups[0])) == 1:
             for group in groups:

@@ -38,6 +38,7 @@ __all__ = [
     "full_ece_floor_at",
     "bin_mass_sq",
     "bin_mass_sq_of_rows",
+    "MassSqRows",
     "floor_bins_of",
     "floor_rows",
     "floor_rows_at",
@@ -337,27 +338,48 @@ def _bin_mass_sq_compiled(offsets, probs, ms, fine_bins: int, bin1) -> dict:
     """bin_mass_sq_of_entries by one compiled pass over the rows in order (row i:
     probs[offsets[i]:offsets[i + 1]]): the same groups summed in the same order,
     so the same bits."""
-    from pipeline.core import _floors_kernel
+    sums = MassSqRows(ms, fine_bins)
+    sums.add(offsets, probs, bin1)
+    return sums.result()
 
-    n = offsets.size - 1
-    grids = [fine_bins]
-    source = [0]
-    for m in sorted({int(m) for m in ms}, reverse=True):
-        finer = min(g for g in grids if g % m == 0)
-        source.append(grids.index(finer))
-        grids.append(m)
-    out = np.zeros((len(grids), max(grids)), np.float64)
-    _floors_kernel.bin_mass_sq_rows(
-        offsets,
-        probs,
-        np.zeros(n) if bin1 is None else np.asarray(bin1, np.float64),
-        fine_bins,
-        bin1_threshold(fine_bins),
-        np.asarray(grids, np.int64),
-        np.asarray(source, np.int64),
-        out,
-    )
-    return {m: out[g, :m].copy() for g, m in enumerate(grids) if g}
+
+class MassSqRows:
+    """{M: Σ_i q_im²} of rows added in order, each row's squares added to the
+    running sums as it comes (compiled): the same bits however the rows are
+    cut into calls. A row is given as its entries (float32, any, or only those
+    above fine bin 1) plus the mass it has in fine bin 1 already."""
+
+    def __init__(self, ms, fine_bins: int = 1000):
+        grids, source = [fine_bins], [0]
+        for m in sorted({int(m) for m in ms}, reverse=True):
+            finer = min(g for g in grids if g % m == 0)
+            source.append(grids.index(finer))
+            grids.append(m)
+        self.fine_bins = fine_bins
+        self._grids = np.asarray(grids, np.int64)
+        self._source = np.asarray(source, np.int64)
+        self._out = np.zeros((len(grids), max(grids)), np.float64)
+
+    def add(self, offsets, probs, bin1=None) -> None:
+        """Rows i = 0..n-1: probs[offsets[i]:offsets[i + 1]] (Arrow-style
+        offsets from 0) and `bin1` [n] of mass in fine bin 1 (None: none)."""
+        from pipeline.core import _floors_kernel
+
+        offsets = np.asarray(offsets, np.int64)
+        n = offsets.size - 1
+        _floors_kernel.bin_mass_sq_rows(
+            offsets,
+            np.asarray(probs, np.float32),
+            np.zeros(n) if bin1 is None else np.asarray(bin1, np.float64),
+            self.fine_bins,
+            bin1_threshold(self.fine_bins),
+            self._grids,
+            self._source,
+            self._out,
+        )
+
+    def result(self) -> dict:
+        return {int(m): self._out[g, :m].copy() for g, m in enumerate(self._grids) if g}
 
 
 def bin_mass_sq(probs, ms, fine_bins: int = 1000, probs64=None) -> dict:
