@@ -272,6 +272,10 @@ def test_parallel_map_error_names_its_shard(tmp_path, case, monkeypatch):
     _force_map_workers(monkeypatch, 3)
     with pytest.raises(AggregateError, match="positions-00003.parquet: row 0: kept probability"):
         aggregate([run], progress=False)
+    # the scores' scan beside the map was stopped, not left running
+    import threading
+
+    assert not [t for t in threading.enumerate() if t.name == "aggregate-scores"]
 
 
 def test_duckdb_reduce_gets_the_memory_this_process_does_not_hold():

@@ -180,3 +180,26 @@ def test_dense_rows_of_shard_equal_the_map_pass_rows(tmp_path):
     ref_sq, ref_h, _ = definition_scores(case.probs, bin1_threshold(1000))
     np.testing.assert_allclose(sq, ref_sq, rtol=1e-13)
     np.testing.assert_allclose(h, ref_h, rtol=1e-13)
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_topk_scores_read_beside_the_map_equal_a_scan(tmp_path, monkeypatch, small):
+    """A top-k run's scores are read on a thread beside the map step (numpy
+    for a small run, the compiled floor kernel for a large one): the same
+    sums as a scan of the run afterwards, to the bit."""
+    from pipeline.aggregate import topk_small
+
+    if not small:
+        monkeypatch.setattr(topk_small, "SMALL_RUN_ENTRIES", 1)
+    case = dense_case(n=900, vocab_size=61, seed=9, docs=40)
+    run_dir = tmp_path / "run"
+    write_run(run_dir, case, store="topk", k=7, tau=0.01, shard_rows=250)
+    out, meta = aggregate(run_dir, progress=False)
+    kept = read_scores(out, read_tables_meta(out))
+    assert kept is not None and kept["positions"] == case.n
+    again = _scan_runs([open_verified_run(run_dir)], keep_pairs=False, fine_bins=1000).sums()
+    for key in ("brier_sum", "entropy_sum", "nll_sum", "bin_mass_sq", "label_prob_zero"):
+        assert again[key] == kept[key], key
+    p = case.probs.astype(np.float64)
+    label_p = p[np.arange(case.n), case.labels]
+    np.testing.assert_allclose(kept["nll_sum"], -np.log(label_p).sum(), rtol=1e-5)

@@ -212,14 +212,12 @@ def _progress_lines(text: str) -> dict:
 
 # command -> (arguments, {bar: done lines}); a run is aggregated by the first
 # command that needs its tables (the aggregate bar); `metrics` and `report` then
-# read the tables only (the sums were taken at aggregation)
+# read the tables only (the sums were taken at aggregation: for a top-k run
+# beside the map, with no bar of their own; for a full-store run after it)
 COMMANDS = {
-    "aggregate": (["aggregate", "{topk}"], {"aggregate": 1, "aggregate scores": 1}),
+    "aggregate": (["aggregate", "{topk}"], {"aggregate": 1}),
     "metrics": (["metrics", "{full}"], {"aggregate": 1, "aggregate scores": 1}),
-    "report": (
-        ["report", "{topk}", "--out", "{out}"],
-        {"aggregate": 1, "aggregate scores": 1},
-    ),
+    "report": (["report", "{topk}", "--out", "{out}"], {"aggregate": 1}),
     "temperature": (["temperature", "{full}"], None),  # numbered passes: see the test
 }
 

@@ -326,6 +326,7 @@ def _scan_runs(
     fine_bins: int | None = None,
     name: str = "positions",
     dense: dict | None = None,
+    stop=None,
 ) -> PositionScan:
     from pipeline.store.run import iter_positions, open_positions, read_ahead
 
@@ -358,13 +359,15 @@ def _scan_runs(
         try:
             start = 0
             while (batch := next(ahead, None)) is not None:
-                stop = start + batch.num_rows
+                if stop is not None and stop.is_set():
+                    raise ScanCancelled
+                end = start + batch.num_rows
                 part = (
                     None
                     if dense_rows is None
                     else {
-                        "sum_p2": dense_rows[0][start:stop],
-                        "entropy": dense_rows[1][start:stop],
+                        "sum_p2": dense_rows[0][start:end],
+                        "entropy": dense_rows[1][start:end],
                     }
                 )
                 try:
@@ -377,7 +380,7 @@ def _scan_runs(
                         skipped += next(ahead).num_rows
                     batch = next(ahead)
                     scan.update(batch, part)
-                start = stop
+                start = end
                 if bar is not None:
                     bar.update(batch.num_rows)
         finally:
@@ -414,28 +417,95 @@ def _scores_path(meta: dict) -> Path:
     return private_cache_dir("scores") / f"{_inputs_key(meta)}-F{meta.get('fine_bins')}.json"
 
 
-def write_scores(
-    runs, tables_dir, meta: dict, *, progress: bool = False, dense: dict | None = None
+def scan_scores(
+    runs,
+    fine_bins: int,
+    *,
+    progress: bool = False,
+    dense: dict | None = None,
+    stop=None,
 ) -> dict:
-    """Scan the runs' (verified) positions once for the NLL, Brier and entropy
-    sums and keep them in the user's cache (see _scores_path), so that
-    ``fullece metrics`` reads no position again while the cache holds them.
-    `dense`: full-store shards' :meth:`DenseRowScores.result`, by logits path,
-    from the aggregation's own pass. Written atomically;
-    returns the sums. `tables_dir` is unused: kept for the callers' order."""
-    from pipeline.store import atomic
-
-    sums = _scan_runs(
+    """The runs' (verified) positions scanned once for the NLL, Brier and
+    entropy sums and Σ_i q_im² at the M's dividing `fine_bins`
+    (:meth:`PositionScan.sums`). `dense`: full-store shards'
+    :meth:`DenseRowScores.result`, by logits path, from the aggregation's own
+    pass; `stop`: a threading.Event that cancels the scan (ScanCancelled)."""
+    return _scan_runs(
         runs,
         progress=progress,
         keep_pairs=False,
-        fine_bins=meta.get("fine_bins"),
+        fine_bins=fine_bins,
         name="aggregate scores",
         dense=dense,
+        stop=stop,
     ).sums()
+
+
+def keep_scores(meta: dict, sums: dict) -> None:
+    """Keep :func:`scan_scores`' sums of tables built from `meta`'s inputs in
+    the user's cache (see _scores_path), written atomically, so that
+    ``fullece metrics`` reads no position again while the cache holds them."""
+    from pipeline.store import atomic
+
     record = {"schema_version": SCORES_VERSION, "inputs": _inputs_key(meta), **sums}
     atomic.write_json(_scores_path(meta), record)
+
+
+def write_scores(
+    runs, tables_dir, meta: dict, *, progress: bool = False, dense: dict | None = None
+) -> dict:
+    """:func:`scan_scores` then :func:`keep_scores`; returns the sums.
+    `tables_dir` is unused: kept for the callers' order."""
+    sums = scan_scores(runs, meta.get("fine_bins"), progress=progress, dense=dense)
+    keep_scores(meta, sums)
     return sums
+
+
+class ScanCancelled(Exception):
+    """A scan stopped by its caller (ScoresScan.cancel)."""
+
+
+class ScoresScan:
+    """:func:`scan_scores` of top-k runs on a thread of its own, started
+    beside the aggregation's map step: it reads other columns of the same
+    files, and on two or more cores it is done when the map is. No bar (the
+    map's is on screen); errors are raised by :meth:`result`."""
+
+    def __init__(self, runs, fine_bins: int, *, compiled: bool):
+        """`compiled`: the map step will load numba (a run too large for
+        numpy), so the scan's kernel is imported now, on this thread."""
+        import importlib
+        import threading
+
+        # what the scan imports, imported here first, on one thread
+        modules = ["pipeline.core.floors", "pipeline.core.metrics", "pipeline.store.run"]
+        for name in modules + (["pipeline.core._floors_kernel"] if compiled else []):
+            importlib.import_module(name)
+
+        self._stop = threading.Event()
+        self._sums = self._error = None
+        self._thread = threading.Thread(
+            target=self._run, args=(runs, fine_bins), name="aggregate-scores", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, runs, fine_bins) -> None:
+        try:
+            self._sums = scan_scores(runs, fine_bins, stop=self._stop)
+        except BaseException as err:  # raised again by result(), on the caller's thread
+            self._error = err
+
+    def result(self) -> dict:
+        """The sums, once the scan is done (its error, if it failed)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._sums
+
+    def cancel(self) -> None:
+        """Stop the scan (after its current batch) and wait for it."""
+        self._stop.set()
+        self._thread.join()
 
 
 def read_scores(tables_dir, meta: dict) -> dict | None:

@@ -82,7 +82,17 @@ def aggregate(
     with RunLock(out, purpose="aggregate", tables=True):
         temp_dir = scratch_dir(out)
         parts_base = None if keep_parts else temp_dir / "parts"
+        scores = None
         try:
+            from pipeline.aggregate import positions
+
+            if all(run.store == "topk" for run in runs):
+                from pipeline.aggregate.topk_small import use_small_path
+
+                # NLL, Brier, entropy sums (cached: metrics need not scan),
+                # read beside the map on a core of their own
+                small = use_small_path(s for run in runs for s in run.shards)
+                scores = positions.ScoresScan(runs, fine_bins, compiled=not small)
             kept = PartCache(memory_rows(memory_limit))
             dense_scores: dict = {}  # the scores' per-row sums of full-store shards
             parts, _ = build_parts(
@@ -96,11 +106,14 @@ def aggregate(
             )
             notice(f"aggregate: summing the partial tables of {len(parts)} shard(s) ...", progress)
             meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir, kept)
-            from pipeline.aggregate.positions import write_scores
-
-            # NLL, Brier, entropy sums, cached: metrics need not scan
-            write_scores(runs, out, meta, progress=progress, dense=dense_scores)
+            if scores is None:
+                positions.write_scores(runs, out, meta, progress=progress, dense=dense_scores)
+            else:
+                positions.keep_scores(meta, scores.result())
+                scores = None
         finally:
+            if scores is not None:  # the map or reduce failed: the scan stops too
+                scores.cancel()
             _release_map_memory()  # nothing of the map step outlives the call
             shutil.rmtree(temp_dir, ignore_errors=True)
     return out, meta

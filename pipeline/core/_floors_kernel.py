@@ -14,6 +14,10 @@ import numpy as np
 
 from pipeline.core._numba import numba
 
+# isort: split
+# after pipeline.core._numba, which imports numba without its BLAS probe
+from numba.cpython.unsafe.numbers import trailing_zeros
+
 
 @numba.njit(cache=True, nogil=True)
 def bin_mass_sq_rows(offsets, probs, bin1, fine_bins, threshold, grids, source, out):
@@ -29,6 +33,8 @@ def bin_mass_sq_rows(offsets, probs, bin1, fine_bins, threshold, grids, source, 
     width = min(width, fine_bins + 1)  # distinct fine bins of a row
     fine_sum = np.zeros(fine_bins + 1, np.float64)
     seen_in_row = np.full(fine_bins + 1, -1, np.int64)
+    # the row's fine bins as bits: read in ascending order, no sort
+    seen_bits = np.zeros((fine_bins >> 6) + 1, np.uint64)
     touched = np.empty(width, np.int64)
     group_bin = np.empty((n_grids, width), np.int64)
     group_q = np.empty((n_grids, width), np.float64)
@@ -43,13 +49,21 @@ def bin_mass_sq_rows(offsets, probs, bin1, fine_bins, threshold, grids, source, 
                 if seen_in_row[level] != r:  # a new fine bin: its sum starts at 0.0
                     seen_in_row[level] = r
                     fine_sum[level] = 0.0
-                    touched[h] = level
+                    seen_bits[level >> 6] |= np.uint64(1) << np.uint64(level & 63)
                     h += 1
                 fine_sum[level] += np.float64(v)
             else:
                 low += np.float64(v)
         low += bin1[r]
-        touched[:h].sort()  # distinct fine bins: any sort gives the one order
+        if h:  # the distinct fine bins in ascending order, the bits cleared for the next row
+            i = 0
+            for w in range(seen_bits.size):
+                word = seen_bits[w]
+                while word:
+                    touched[i] = (w << 6) + np.int64(trailing_zeros(word))
+                    i += 1
+                    word &= word - np.uint64(1)
+                seen_bits[w] = 0
         # grid 0 (F): bin 1 holds the low mass, then one group per fine bin
         group_bin[0, 0] = 1
         group_q[0, 0] = low
