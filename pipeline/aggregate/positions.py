@@ -327,6 +327,7 @@ def _scan_runs(
     name: str = "positions",
     dense: dict | None = None,
     stop=None,
+    decode_threads: bool = True,
 ) -> PositionScan:
     from pipeline.store.run import iter_positions, open_positions, read_ahead
 
@@ -355,7 +356,7 @@ def _scan_runs(
             if scan.mass_sq is not None:
                 scan.add_mass_sq(dense_rows[2])
         # the next batch decodes (GIL released) while this one is summed
-        ahead = read_ahead(iter_positions(shard, cols, BATCH_ROWS))
+        ahead = read_ahead(iter_positions(shard, cols, BATCH_ROWS, use_threads=decode_threads))
         try:
             start = 0
             while (batch := next(ahead, None)) is not None:
@@ -374,7 +375,9 @@ def _scan_runs(
                     scan.update(batch, part)
                 except _NeedsKept:  # raised before any sum moved: read on with every column
                     ahead.close()
-                    ahead = read_ahead(iter_positions(shard, every, BATCH_ROWS))
+                    ahead = read_ahead(
+                        iter_positions(shard, every, BATCH_ROWS, use_threads=decode_threads)
+                    )
                     skipped = 0
                     while skipped < start:  # batch boundaries do not depend on the columns
                         skipped += next(ahead).num_rows
@@ -424,12 +427,14 @@ def scan_scores(
     progress: bool = False,
     dense: dict | None = None,
     stop=None,
+    decode_threads: bool = True,
 ) -> dict:
     """The runs' (verified) positions scanned once for the NLL, Brier and
     entropy sums and Σ_i q_im² at the M's dividing `fine_bins`
     (:meth:`PositionScan.sums`). `dense`: full-store shards'
     :meth:`DenseRowScores.result`, by logits path, from the aggregation's own
-    pass; `stop`: a threading.Event that cancels the scan (ScanCancelled)."""
+    pass; `stop`: a threading.Event that cancels the scan (ScanCancelled);
+    `decode_threads=False`: pyarrow decodes on the reading thread alone."""
     return _scan_runs(
         runs,
         progress=progress,
@@ -438,6 +443,7 @@ def scan_scores(
         name="aggregate scores",
         dense=dense,
         stop=stop,
+        decode_threads=decode_threads,
     ).sums()
 
 
@@ -491,7 +497,8 @@ class ScoresScan:
 
     def _run(self, runs, fine_bins) -> None:
         try:
-            self._sums = scan_scores(runs, fine_bins, stop=self._stop)
+            # one decoding thread: the map step's decode has pyarrow's pool
+            self._sums = scan_scores(runs, fine_bins, stop=self._stop, decode_threads=False)
         except BaseException as err:  # raised again by result(), on the caller's thread
             self._error = err
 
