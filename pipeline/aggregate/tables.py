@@ -114,7 +114,9 @@ def aggregate(
         finally:
             if scores is not None:  # the map or reduce failed: the scan stops too
                 scores.cancel()
-            _release_map_memory()  # nothing of the map step outlives the call
+            # nothing of the map step outlives the call, nor pyarrow's freed
+            # decode buffers (the scan's thread holds a heap of its own)
+            _release_map_memory(decoded=True)
             shutil.rmtree(temp_dir, ignore_errors=True)
     return out, meta
 
