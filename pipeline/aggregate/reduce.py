@@ -117,7 +117,7 @@ def _reduce(
     else:
         if kept is not None:
             kept.drop()  # DuckDB reads the part files; free the memory for it
-        _release_map_memory(decoded=True)
+        _release_map_memory(decoded=True, trim=True)
 
         def files(name):
             lst = ", ".join(f"'{sql_str(p / f'{name}.parquet')}'" for _, _, p, _ in parts)
