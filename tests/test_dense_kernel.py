@@ -413,3 +413,23 @@ def test_nan_logits_in_a_later_block_name_their_row(monkeypatch, threads):
     acc.update_logits(logits[:10], np.zeros(10, np.int64))
     with pytest.raises(InputError, match=r"logits of row 4 contain NaN or inf \(row offset 59\)"):
         acc.update_logits(logits, np.zeros(100, np.int64))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("given_lse", [True, False])
+def test_probs_of_record_leaves_its_input_and_follows_the_formula(dtype, given_lse):
+    """float32 exp(float32(logit) - lse), computed in place only in arrays of
+    its own: the caller's logits (any dtype, views too) are never written."""
+    rng = np.random.default_rng(2)
+    logits = (rng.standard_normal((9, 301)) * 4).astype(dtype)
+    for x in (logits, logits[:, ::2], logits[1:5]):
+        before = x.copy()
+        x32 = x.astype(np.float32)
+        lse = np.log(np.exp(x32.astype(np.float64)).sum(axis=1)).astype(np.float32)
+        got = probs_of_record(x, lse if given_lse else None)
+        assert np.array_equal(x, before)
+        assert got.dtype == np.float32
+        if given_lse:
+            assert np.array_equal(got, np.exp(x32 - lse[:, None]))
+        else:
+            np.testing.assert_allclose(got.sum(axis=1), 1.0, rtol=1e-5)

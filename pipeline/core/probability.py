@@ -30,7 +30,8 @@ def probs_of_record(logits, logsumexp=None):
             bad = int((~torch.isfinite(lse)).nonzero()[0, 0])
             raise InputError(f"logits of row {bad} contain NaN or inf")
         return torch.exp(x - lse[:, None])
-    x = np.asarray(logits).astype(np.float32, copy=False)
+    given = np.asarray(logits)
+    x = given.astype(np.float32, copy=False)
     if logsumexp is None:
         m = x.max(axis=1)
         if not np.isfinite(m).all():
@@ -43,4 +44,7 @@ def probs_of_record(logits, logsumexp=None):
     if not np.isfinite(lse).all():
         bad = int(np.flatnonzero(~np.isfinite(lse))[0])
         raise InputError(f"logits of row {bad} contain NaN or inf")
-    return np.exp(x - lse[:, None])
+    # in place where the array is ours (a converted copy, then the difference):
+    # the same values, without two more [n, K] arrays to allocate and fault in
+    shifted = np.subtract(x, lse[:, None], out=None if x is given else x)
+    return np.exp(shifted, out=shifted)
