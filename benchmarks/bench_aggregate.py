@@ -34,7 +34,6 @@ probabilities with per-position lognormal noise); the label is always kept.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import shutil
@@ -760,10 +759,6 @@ def bench_scale(data: Path, s: dict) -> dict:
             for name in ("class_bins", "seq_bins", "tokens", "top1_bins")
         )
         times = []
-        # "1GB" bounds the whole process: what the earlier sections left in
-        # this one would be taken from DuckDB's share
-        gc.collect()
-        pa.default_memory_pool().release_unused()
         for _ in range(2):
             t0 = time.perf_counter()
             reduce._reduce(parts, tables / "out", runs, DEFAULT_FINE_BINS_, "1GB", tables)

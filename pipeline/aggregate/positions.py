@@ -292,12 +292,14 @@ def _dense_rows_of_shard(shard, fine_bins: int | None = None):
     from pipeline.core import _dense_kernel
     from pipeline.core.binning import bin1_threshold
     from pipeline.core.probability import probs_of_record
+    from pipeline.defaults import DEFAULT_FINE_BINS
     from pipeline.store.run import iter_logit_blocks
 
-    threshold = bin1_threshold(fine_bins or 1000)
+    # without fine_bins only Σ p² and the entropy are used: any grid will do
+    threshold = bin1_threshold(fine_bins or DEFAULT_FINE_BINS)
     rows = DenseRowScores(fine_bins)
     for _, block, lse in iter_logit_blocks(shard):
-        p = np.ascontiguousarray(probs_of_record(block, lse), np.float32)
+        p = np.ascontiguousarray(probs_of_record(block, lse))  # the kernel reads its bits
         scores = [np.empty(p.shape[0]) for _ in range(3)]
         _dense_kernel.row_scores(p, threshold, *scores)
         r, c = np.nonzero(p > threshold)
