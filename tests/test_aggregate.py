@@ -255,10 +255,19 @@ def test_parallel_map_equals_serial(tmp_path, case, monkeypatch):
     assert_tables_equal(parallel, core_tables(run, manifest))  # and both the core's
 
 
-def test_parallel_map_error_names_its_shard(tmp_path, case, monkeypatch):
+@pytest.mark.parametrize("compiled", [False, True], ids=["numpy", "compiled"])
+@pytest.mark.parametrize("broken", [3, 0], ids=["shard-3", "first-shard"])
+def test_parallel_map_error_names_its_shard(tmp_path, case, monkeypatch, compiled, broken):
+    """A bad kept probability in a shard mapped beside others (the first one
+    read while the kernels load, or a later one) names its shard, and the
+    threads beside the map (the scores, the reading ahead) are stopped."""
+    from pipeline.aggregate import topk_small
+
+    if compiled:
+        monkeypatch.setattr(topk_small, "SMALL_RUN_ENTRIES", 1)
     run = tmp_path / "run"
     write_run(run, case, store="topk", k=3, shard_rows=100)
-    pos = run / "shards" / "positions-00003.parquet"
+    pos = run / "shards" / f"positions-0000{broken}.parquet"
     t = pq.read_table(pos)
     probs = t.column("kept_probs").combine_chunks()
     values = probs.values.to_numpy().copy()
@@ -267,15 +276,16 @@ def test_parallel_map_error_names_its_shard(tmp_path, case, monkeypatch):
     t = t.set_column(t.schema.get_field_index("kept_probs"), "kept_probs", bad)
     pq.write_table(t.cast(t.schema), pos)
     manifest = json.loads((run / "manifest.json").read_text())  # as a faulty extractor would
-    manifest["shards"][3]["files"]["shards/positions-00003.parquet"] = path_sha256(pos)
+    manifest["shards"][broken]["files"][f"shards/positions-0000{broken}.parquet"] = path_sha256(pos)
     (run / "manifest.json").write_text(json.dumps(manifest))
     _force_map_workers(monkeypatch, 3)
-    with pytest.raises(AggregateError, match="positions-00003.parquet: row 0: kept probability"):
+    with pytest.raises(AggregateError, match=f"positions-0000{broken}.parquet: row 0: kept probab"):
         aggregate([run], progress=False)
     # the scores' scan beside the map was stopped, not left running
     import threading
 
-    assert not [t for t in threading.enumerate() if t.name == "aggregate-scores"]
+    left = {t.name for t in threading.enumerate()} & {"aggregate-scores", "read-ahead"}
+    assert not left
 
 
 def test_duckdb_reduce_gets_the_memory_this_process_does_not_hold():

@@ -182,24 +182,46 @@ def test_dense_rows_of_shard_equal_the_map_pass_rows(tmp_path):
     np.testing.assert_allclose(h, ref_h, rtol=1e-13)
 
 
-@pytest.mark.parametrize("small", [True, False])
-def test_topk_scores_read_beside_the_map_equal_a_scan(tmp_path, monkeypatch, small):
-    """A top-k run's scores are read on a thread beside the map step (numpy
-    for a small run, the compiled floor kernel for a large one): the same
-    sums as a scan of the run afterwards, to the bit."""
-    from pipeline.aggregate import topk_small
+@pytest.mark.parametrize("small", [True, False], ids=["numpy", "compiled"])
+@pytest.mark.parametrize("shard_rows", [900, 250, 120], ids=["1-shard", "4-shards", "8-shards"])
+def test_topk_scores_from_the_maps_batches_equal_a_scan(tmp_path, monkeypatch, small, shard_rows):
+    """A top-k run's scores are computed from the map's own batches (numpy
+    for a small run, the compiled floor kernel for a large one; one shard or
+    several mapped at once, on 1 or 3 threads), in batches of 128 positions
+    while the map's own would be 37: the same sums as a scan of the run
+    afterwards, to the bit. Shards whose partial tables are current are not
+    read by the map: the scores read them themselves, with the same sums."""
+    from pipeline.aggregate import positions, shard_map, topk_pass, topk_small
 
     if not small:
         monkeypatch.setattr(topk_small, "SMALL_RUN_ENTRIES", 1)
+    monkeypatch.setattr(positions, "BATCH_ROWS", 128)
+    monkeypatch.setattr(topk_pass, "BATCH_ROWS", 37)  # the map's own batches differ
+    reads = []
+    real_read = positions.ScoresScan._read
+    monkeypatch.setattr(positions.ScoresScan, "_read", lambda *a: reads.append(1) or real_read(*a))
     case = dense_case(n=900, vocab_size=61, seed=9, docs=40)
     run_dir = tmp_path / "run"
-    write_run(run_dir, case, store="topk", k=7, tau=0.01, shard_rows=250)
-    out, meta = aggregate(run_dir, progress=False)
-    kept = read_scores(out, read_tables_meta(out))
-    assert kept is not None and kept["positions"] == case.n
-    again = _scan_runs([open_verified_run(run_dir)], keep_pairs=False, fine_bins=1000).sums()
-    for key in ("brier_sum", "entropy_sum", "nll_sum", "bin_mass_sq", "label_prob_zero"):
-        assert again[key] == kept[key], key
+    write_run(run_dir, case, store="topk", k=7, tau=0.01, shard_rows=shard_rows)
+    shards = -(-case.n // shard_rows)
+    map_shards = shard_map._map_topk_shards
+    for workers in (1, 3):
+        monkeypatch.setattr(
+            shard_map,
+            "_map_topk_shards",
+            lambda todo, fine, bar, _w, *rest, w=workers: map_shards(todo, fine, bar, w, *rest),
+        )
+        out, meta = aggregate(run_dir, tmp_path / f"w{workers}", keep_parts=False, progress=False)
+        assert reads == []  # every batch came from the map
+        kept = read_scores(out, read_tables_meta(out))
+        assert kept is not None and kept["positions"] == case.n
+        again = _scan_runs([open_verified_run(run_dir)], keep_pairs=False, fine_bins=1000).sums()
+        for key in ("brier_sum", "entropy_sum", "nll_sum", "bin_mass_sq", "label_prob_zero"):
+            assert again[key] == kept[key], key
     p = case.probs.astype(np.float64)
     label_p = p[np.arange(case.n), case.labels]
     np.testing.assert_allclose(kept["nll_sum"], -np.log(label_p).sum(), rtol=1e-5)
+    aggregate(run_dir, progress=False)  # keeps its parts beside the run
+    other, _ = aggregate(run_dir, tmp_path / "other", progress=False)  # parts current
+    assert len(reads) == shards
+    assert read_scores(other, read_tables_meta(other)) == kept

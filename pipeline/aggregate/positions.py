@@ -76,24 +76,37 @@ class PositionScan:
     def update(self, batch, dense: dict | None = None) -> None:
         """`batch`: a positions RecordBatch/Table; `dense`: optional exact
         per-row ``sum_p2`` and ``entropy`` (float64) from the full store."""
+        sums = self.batch_sums(batch, dense)
+        if sums is None:
+            return
+        if self.keep_pairs:
+            names = batch.schema.names
+            top1, label = (batch.column(names.index(c)) for c in ("top1_id", "label"))
+            conf = column_numpy(batch.column(names.index("top1_prob")))
+            self.conf.append(np.asarray(conf, np.float32))
+            self.correct.append(column_numpy(top1) == column_numpy(label))
+        self.add_sums(sums)
+
+    def batch_sums(self, batch, dense: dict | None = None) -> dict | None:
+        """One batch's terms of the running sums, changing nothing (None for
+        an empty batch): :meth:`add_sums` adds them. Computed on any thread,
+        added in the run's batch order, they give the same bits as a scan."""
         names = batch.schema.names
         col = {name: batch.column(names.index(name)) for name in names}
         n = batch.num_rows
         if n == 0:
-            return
+            return None
         if dense is None and "kept_probs" not in col and _needs_kept(col):
             raise _NeedsKept  # before any sum moved: the caller reads kept_probs too
         label_p = column_numpy(col["label_prob"]).astype(np.float64)
-        total, zero = nll_sum(label_p)
-        self.nll += total  # over the labels stored > 0: -ln 0 would make the sum say nothing
-        self.label_prob_zero += zero
-        if self.keep_pairs:
-            self.conf.append(np.asarray(column_numpy(col["top1_prob"]), np.float32))
-            self.correct.append(column_numpy(col["top1_id"]) == column_numpy(col["label"]))
-
+        # over the labels stored > 0: -ln 0 would make the sum say nothing
+        nll, zero = nll_sum(label_p)
+        sums = {"n": n, "nll": nll, "label_prob_zero": zero, "brier_exact": True}
+        sums["entropy_exact"] = True
         kept = None
-        if self.mass_sq is not None and dense is None:
-            self._add_mass_sq(col, n)
+        sums["mass_sq"] = (
+            self._mass_sq_terms(col) if self.mass_sq is not None and dense is None else None
+        )
         if dense is not None:
             sum_p2 = np.asarray(dense["sum_p2"], np.float64)
             sq_lo = sq_hi = sum_p2
@@ -105,14 +118,15 @@ class PositionScan:
             tail = _tail(col)
             t_lo, t_hi = tail_sum_sq_bounds(*tail)
             sq_lo, sq_hi = kept["sum_p2"] + t_lo, kept["sum_p2"] + t_hi
-            self.brier_exact = self.brier_exact and bool(np.all(t_lo == t_hi))
-        self.brier[0] += float((sq_lo - 2.0 * label_p + 1.0).sum())
-        self.brier[1] += float((sq_hi - 2.0 * label_p + 1.0).sum())
+            sums["brier_exact"] = bool(np.all(t_lo == t_hi))
+        sums["brier"] = (
+            float((sq_lo - 2.0 * label_p + 1.0).sum()),
+            float((sq_hi - 2.0 * label_p + 1.0).sum()),
+        )
 
         if dense is not None:
             h = np.asarray(dense["entropy"], np.float64)
-            self.entropy[0] += float(h.sum())
-            self.entropy[1] += float(h.sum())
+            sums["entropy"] = (float(h.sum()), float(h.sum()))
         else:
             ent = col["entropy"]
             h = column_numpy(ent).astype(np.float64)
@@ -120,29 +134,39 @@ class PositionScan:
             known = np.isfinite(h)
             stored = None if bool(known.all()) else known
             if stored is None:
-                self.entropy[0] += float(h.sum())
-                self.entropy[1] += float(h.sum())
+                sums["entropy"] = (float(h.sum()), float(h.sum()))
             else:
                 if kept is None:
                     kept = _kept_sums(col["kept_probs"], n)
                 e_lo, e_hi = tail_entropy_bounds(*_tail(col))
                 lo = np.where(stored, h, kept["entropy"] + e_lo)
                 hi = np.where(stored, h, kept["entropy"] + e_hi)
-                self.entropy[0] += float(lo.sum())
-                self.entropy[1] += float(hi.sum())
-                self.entropy_exact = self.entropy_exact and bool(np.all(lo == hi))
-        self.n += n
+                sums["entropy"] = (float(lo.sum()), float(hi.sum()))
+                sums["entropy_exact"] = bool(np.all(lo == hi))
+        return sums
 
-    def _add_mass_sq(self, col, n: int) -> None:
+    def add_sums(self, sums: dict) -> None:
+        """Add one batch's :meth:`batch_sums` (batches in the run's order)."""
+        self.nll += sums["nll"]
+        self.label_prob_zero += sums["label_prob_zero"]
+        if sums["mass_sq"] is not None:
+            self.add_mass_sq(sums["mass_sq"])
+        self.brier[0] += sums["brier"][0]
+        self.brier[1] += sums["brier"][1]
+        self.brier_exact = self.brier_exact and sums["brier_exact"]
+        self.entropy[0] += sums["entropy"][0]
+        self.entropy[1] += sums["entropy"][1]
+        self.entropy_exact = self.entropy_exact and sums["entropy_exact"]
+        self.n += sums["n"]
+
+    def _mass_sq_terms(self, col) -> dict:
         """Σ_i q_im² from the kept entries and the tail mass, the tail in bin 1:
         right at every M <= M_exact (where it is used)."""
         from pipeline.core.floors import bin_mass_sq_of_lists
 
         offsets, kept = _kept_lists(col["kept_probs"])
         tail = column_numpy(col["tail_mass"]).astype(np.float64)
-        self.add_mass_sq(
-            bin_mass_sq_of_lists(offsets, kept, self.mass_sq, self.fine_bins, bin1=tail)
-        )
+        return bin_mass_sq_of_lists(offsets, kept, self.mass_sq, self.fine_bins, bin1=tail)
 
     def add_mass_sq(self, parts: dict) -> None:
         for m, v in parts.items():
@@ -320,6 +344,12 @@ def scan_run(
     )
 
 
+def scores_columns(names) -> list[str]:
+    """The positions columns the scores of a top-k shard read (`names`: the
+    shard's columns; sum_p2 where the shard has it)."""
+    return list(_COLUMNS) + (["sum_p2"] if "sum_p2" in names else [])
+
+
 def _scan_runs(
     runs,
     *,
@@ -331,7 +361,7 @@ def _scan_runs(
     stop=None,
     decode_threads: bool = True,
 ) -> PositionScan:
-    from pipeline.store.run import iter_positions, open_positions, read_ahead
+    from pipeline.store.run import ReadAhead, iter_positions, open_positions
 
     scan = PositionScan(keep_pairs, fine_bins)
     bar = None
@@ -343,7 +373,7 @@ def _scan_runs(
         if shard.rows == 0:
             continue
         names = open_positions(shard)[1].schema_arrow.names
-        every = list(_COLUMNS) + (["sum_p2"] if "sum_p2" in names else [])
+        every = scores_columns(names)
         # only what the sums need; kept_probs are read where a batch needs them
         cols = (
             ["label_prob", "entropy", "sum_p2"] if not keep_pairs and "sum_p2" in names else every
@@ -358,7 +388,7 @@ def _scan_runs(
             if scan.mass_sq is not None:
                 scan.add_mass_sq(dense_rows[2])
         # the next batch decodes (GIL released) while this one is summed
-        ahead = read_ahead(iter_positions(shard, cols, BATCH_ROWS, use_threads=decode_threads))
+        ahead = ReadAhead(iter_positions(shard, cols, BATCH_ROWS, use_threads=decode_threads))
         try:
             start = 0
             while (batch := next(ahead, None)) is not None:
@@ -377,7 +407,7 @@ def _scan_runs(
                     scan.update(batch, part)
                 except _NeedsKept:  # raised before any sum moved: read on with every column
                     ahead.close()
-                    ahead = read_ahead(
+                    ahead = ReadAhead(
                         iter_positions(shard, every, BATCH_ROWS, use_threads=decode_threads)
                     )
                     skipped = 0
@@ -474,15 +504,22 @@ class ScanCancelled(Exception):
 
 
 class ScoresScan:
-    """:func:`scan_scores` of top-k runs on a thread of its own, started
-    beside the aggregation's map step: it reads other columns of the same
-    files, and on two or more cores it is done when the map is. No bar (the
-    map's is on screen); errors are raised by :meth:`result`."""
+    """:func:`scan_scores` of top-k runs, beside the aggregation's map step,
+    from the map's own batches: each batch the map has folded (and so
+    checked) is handed over (:meth:`feed`) and its terms are computed on a
+    thread of its own, so the kept entries are decoded once. The map reads
+    the scores' columns too, in the scan's batches (``BATCH_ROWS``); the terms
+    are added in the runs' order of shards and batches at the end, so the
+    sums are the same bits as :func:`scan_scores`'. A shard the map did not
+    read whole (its partial tables were current) is read here after the map
+    (:meth:`end_feed`). No bar (the map's is on screen); errors are raised by
+    :meth:`result`."""
 
     def __init__(self, runs, fine_bins: int, *, compiled: bool):
         """`compiled`: the map step will load numba (a run too large for
         numpy), so the scan's kernel is imported now, on this thread."""
         import importlib
+        import queue
         import threading
 
         # what the scan imports, imported here first, on one thread
@@ -492,6 +529,10 @@ class ScoresScan:
 
         self._stop = threading.Event()
         self._sums = self._error = None
+        # two batches in hand at most: the map waits rather than memory grows
+        self._fed = queue.Queue(maxsize=2)
+        self._terms: dict[int, list] = {}  # id(shard) -> its batches' terms, in order
+        self._whole: set[int] = set()  # shards whose every batch was fed
         self._thread = threading.Thread(
             target=self._run, args=(runs, fine_bins), name="aggregate-scores", daemon=True
         )
@@ -499,10 +540,75 @@ class ScoresScan:
 
     def _run(self, runs, fine_bins) -> None:
         try:
-            # one decoding thread: the map step's decode has pyarrow's pool
-            self._sums = scan_scores(runs, fine_bins, stop=self._stop, decode_threads=False)
+            self._sums = self._scan(runs, fine_bins)
         except BaseException as err:  # raised again by result(), on the caller's thread
             self._error = err
+
+    def _scan(self, runs, fine_bins) -> dict:
+        import queue
+
+        scan = PositionScan(keep_pairs=False, fine_bins=fine_bins)
+        while True:
+            if self._stop.is_set():
+                raise ScanCancelled
+            try:
+                item = self._fed.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if item is None:  # end_feed
+                break
+            shard, batch = item
+            if batch is None:
+                self._whole.add(id(shard))
+            else:
+                terms = scan.batch_sums(batch)
+                if terms is not None:
+                    self._terms.setdefault(id(shard), []).append(terms)
+        for shard in (s for run in runs for s in run.shards):
+            if shard.rows == 0:
+                continue
+            if id(shard) not in self._whole:
+                self._terms[id(shard)] = list(self._read(scan, shard))
+            for terms in self._terms.pop(id(shard), []):
+                scan.add_sums(terms)
+        return scan.sums()
+
+    def _read(self, scan, shard):
+        """The terms of a shard the map did not feed, read here."""
+        from pipeline.store.run import ReadAhead, iter_positions, open_positions
+
+        cols = scores_columns(open_positions(shard)[1].schema_arrow.names)
+        # one decoding thread: the map step's decode has pyarrow's pool
+        ahead = ReadAhead(iter_positions(shard, cols, BATCH_ROWS, use_threads=False))
+        try:
+            for batch in ahead:
+                if self._stop.is_set():
+                    raise ScanCancelled
+                terms = scan.batch_sums(batch)
+                if terms is not None:
+                    yield terms
+        finally:
+            ahead.close()
+
+    def _put(self, item) -> None:
+        import queue
+
+        while self._thread.is_alive():  # a failed scan takes nothing more
+            try:
+                self._fed.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+
+    def feed(self, shard, batch) -> None:
+        """The next batch of `shard` (read with :func:`scores_columns`, in
+        batches of ``BATCH_ROWS``), folded and checked by the map; None: that
+        was its last."""
+        self._put((shard, batch))
+
+    def end_feed(self) -> None:
+        """The map is done: no more batches will be fed."""
+        self._put(None)
 
     def result(self) -> dict:
         """The sums, once the scan is done (its error, if it failed)."""

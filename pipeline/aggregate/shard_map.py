@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -35,12 +36,13 @@ from pipeline.core.arrow_numpy import column_numpy, numpy_table
 from pipeline.store import atomic, tablestore
 from pipeline.store.run import (
     AggregateError,
+    ReadAhead,
     Run,
     Shard,
     check_shard,
     iter_logit_blocks,
     iter_positions,
-    read_ahead,
+    open_positions,
     read_class_tail,
     read_positions,
 )
@@ -48,6 +50,57 @@ from pipeline.store.schema import SCHEMA_VERSION, TABLE_SCHEMAS
 from pipeline.store.tablestore import TABLE_NAMES
 
 _TAIL_COLUMNS = ("tail_count", "tail_mass", "tail_max")
+# what the map folds (the kernel checks ids, probabilities and doc_ids; the store the tail columns)
+_MAP_COLUMNS = ("doc_id", "label", "top1_id", "top1_prob", "kept_ids", "kept_probs") + _TAIL_COLUMNS
+# the first shard's batches decoded ahead while the kernels load: this share of --memory-limit
+_FIRST_READ_SHARE = 8
+
+
+def _map_batches(shard: Shard, decode_threads: bool, *, with_scores: bool = False):
+    """The batches of `shard` the map folds, the shard checked first (checksums,
+    schemas, rows: nothing unverified is read). `with_scores`: the scores'
+    columns too, in the scan's batches, so its sums are the same bits (the
+    tables do not depend on the batches). The kernel checks the values of the
+    map's columns but the tail's; the store checks those and any other."""
+    from pipeline.aggregate import positions, topk_pass
+
+    check_shard(shard)
+    columns, rows = list(_MAP_COLUMNS), topk_pass.BATCH_ROWS
+    if with_scores:
+        names = open_positions(shard)[1].schema_arrow.names
+        columns += [c for c in positions.scores_columns(names) if c not in columns]
+        rows = positions.BATCH_ROWS
+    checked = [c for c in columns if c in _TAIL_COLUMNS or c not in _MAP_COLUMNS]
+    yield from iter_positions(shard, columns, rows, use_threads=decode_threads, checked=checked)
+
+
+@dataclass
+class FirstRead:
+    """The first top-k shard's batches, read since before the map's kernels
+    loaded (:func:`start_map_read`)."""
+
+    shard: Shard
+    batches: ReadAhead
+
+    def close(self) -> None:
+        """Stop reading (the map is done, failed or maps other shards)."""
+        self.batches.close()
+
+
+def start_map_read(runs: list[Run], memory_limit_bytes: int, *, with_scores: bool = False):
+    """Begin checking and decoding the first top-k shard, on a thread, before
+    the map's kernels load: importing numba and loading its cached kernels
+    takes one core for about half a second, and the other would be idle.
+    Decodes ahead up to 1/_FIRST_READ_SHARE of the memory limit;
+    `with_scores`: the scores' columns too (see _map_batches). Returns a
+    :class:`FirstRead` for :func:`build_parts`, or None (no top-k shard)."""
+    from pipeline.aggregate import positions, topk_pass  # noqa: F401  (imported on this thread)
+
+    shard = next((s for run in runs if run.store == "topk" for s in run.shards), None)
+    if shard is None:
+        return None
+    batches = _map_batches(shard, False, with_scores=with_scores)
+    return FirstRead(shard, ReadAhead(batches, max_bytes=memory_limit_bytes // _FIRST_READ_SHARE))
 
 
 def _aggregate_topk_shard(
@@ -60,6 +113,8 @@ def _aggregate_topk_shard(
     kept: PartCache | None = None,
     small: bool = False,
     advance=None,
+    first: FirstRead | None = None,
+    scores=None,
 ) -> dict:
     """Map one top-k shard to its partial tables in ONE pass over its kept entries.
 
@@ -69,13 +124,14 @@ def _aggregate_topk_shard(
     tables. ``decode_threads=False`` decodes on one thread (when several shards
     are mapped at once, pyarrow's pool would only oversubscribe the cores).
     ``small``: the numpy pass of small runs (``topk_small``), same tables, no numba.
-    ``advance(rows)``, when given, is called after each batch (the bar).
+    ``advance(rows)``, when given, is called after each batch (the bar);
+    ``first``: this shard's batches, already being read (:func:`start_map_read`);
+    ``scores``: a ``positions.ScoresScan`` fed each batch once folded.
     """
     from contextlib import closing
 
-    from pipeline.aggregate.topk_pass import BATCH_ROWS, KeptEntryError, TopkShardPass
+    from pipeline.aggregate.topk_pass import KeptEntryError, TopkShardPass
 
-    check_shard(shard)  # checksums, schemas, rows: nothing unverified is read
     pos_path, tail_path = shard.path("positions"), shard.path("class_tail")
     k = shard.vocab_size
     if small:
@@ -84,28 +140,20 @@ def _aggregate_topk_shard(
         state = SmallTopkShardPass(vocab_size=k, fine_bins=fine_bins)
     else:
         state = TopkShardPass(vocab_size=k, fine_bins=fine_bins)
-    columns = [
-        "doc_id",
-        "label",
-        "top1_id",
-        "top1_prob",
-        "kept_ids",
-        "kept_probs",
-        "tail_count",
-        "tail_mass",
-        "tail_max",
-    ]
     try:
-        # the kernel checks ids, probabilities and doc_ids; the store the tail columns
-        batches = iter_positions(
-            shard, columns, BATCH_ROWS, use_threads=decode_threads, checked=_TAIL_COLUMNS
-        )
-        # decode the next batch (pyarrow, GIL released) while the kernel (nogil) folds this one
-        with closing(read_ahead(batches)) as ahead:
+        if first is None:
+            # decode the next batch (GIL released) while the kernel (nogil) folds this one
+            batches = _map_batches(shard, decode_threads, with_scores=scores is not None)
+        ahead = first.batches if first else ReadAhead(batches)
+        with closing(ahead):
             for batch in ahead:
                 state.add_batch(batch)
+                if scores is not None:
+                    scores.feed(shard, batch)
                 if advance is not None:
                     advance(batch.num_rows)
+        if scores is not None:
+            scores.feed(shard, None)
     except KeptEntryError as err:
         raise AggregateError(f"{pos_path}: row {err.row}: {err} (shard fails validation)") from err
     if state.label_rows_missing:
@@ -317,13 +365,18 @@ def build_parts(
     workers: int | None = None,
     kept: PartCache | None = None,
     dense_scores: dict | None = None,
+    first_read: FirstRead | None = None,
+    scores=None,
 ):
     """Map step: (re)compute the partial tables of every shard whose key changed.
 
     Returns [(run, shard, part_dir, part_meta)] and how many shards were read.
     Top-k shards are mapped `workers` at a time (default: one per core); `kept`
     receives their partial tables for an in-memory reduce; `dense_scores` the
-    per-row sums of the full-store shards read (see _aggregate_full_shard).
+    per-row sums of the full-store shards read (see _aggregate_full_shard);
+    `first_read` a shard's batches already being read (:func:`start_map_read`),
+    used if that shard is mapped first, else closed; `scores` a
+    ``positions.ScoresScan`` fed every top-k batch once folded.
     """
     todo, done = [], []
     if kept is not None:
@@ -337,10 +390,16 @@ def build_parts(
                 done.append((run, shard, part_dir, meta))
             else:
                 todo.append((run, shard, part_dir))
+    topk = [t for t in todo if t[1].store == "topk"]
+    first = None
+    if first_read is not None:
+        if topk and topk[0][1] is first_read.shard:
+            first = first_read
+        else:
+            first_read.close()
     if not todo:
         return done, 0
     total = sum(s.rows for _, s, _ in todo)
-    topk = [t for t in todo if t[1].store == "topk"]
     metas = {}
     from pipeline.aggregate.topk_small import use_small_path
     from pipeline.progress import notice
@@ -360,7 +419,7 @@ def build_parts(
             if shard.store != "topk":
                 meta = _aggregate_full_shard(shard, part_dir, fine_bins, bar, dense_scores)
                 metas[part_dir] = _seal_part(part_dir, meta)
-        metas.update(_map_topk_shards(topk, fine_bins, bar, workers, kept, small))
+        metas.update(_map_topk_shards(topk, fine_bins, bar, workers, kept, small, first, scores))
     done.extend((run, shard, part_dir, metas[part_dir]) for run, shard, part_dir in todo)
     return done, len(todo)
 
@@ -401,6 +460,8 @@ def _map_topk_one(
     kept,
     small=False,
     advance=None,
+    first=None,
+    scores=None,
 ) -> dict:
     meta = _aggregate_topk_shard(
         None,
@@ -411,12 +472,21 @@ def _map_topk_one(
         kept=kept,
         small=small,
         advance=advance,
+        first=first,
+        scores=scores,
     )
     return _seal_part(part_dir, meta)
 
 
 def _map_topk_shards(
-    todo, fine_bins: int, bar, workers: int | None, kept=None, small: bool = False
+    todo,
+    fine_bins: int,
+    bar,
+    workers: int | None,
+    kept=None,
+    small: bool = False,
+    first=None,
+    scores=None,
 ) -> dict:
     """Map top-k shards, `workers` at a time (default: one per core).
 
@@ -426,6 +496,8 @@ def _map_topk_shards(
     with the shards; each decodes on its own thread (measured 5% faster than
     sharing pyarrow's pool on 2 cores). The first failing shard (in shard order)
     raises its own error, which names its file; shards not yet started are cancelled.
+    `first`: the first shard's FirstRead, already being read; `scores` the
+    ScoresScan each shard feeds.
     """
     import threading
 
@@ -436,17 +508,22 @@ def _map_topk_shards(
         with lock:
             bar.update(rows)
 
+    firsts = [first, *[None] * (len(todo) - 1)] if todo else []
     if workers == 1:
         metas = {}
-        for _, shard, part_dir in todo:
-            metas[part_dir] = _map_topk_one(shard, part_dir, fine_bins, True, kept, small, advance)
+        for (_, shard, part_dir), first in zip(todo, firsts, strict=True):
+            metas[part_dir] = _map_topk_one(
+                shard, part_dir, fine_bins, True, kept, small, advance, first, scores
+            )
         return metas
     from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
     with ThreadPoolExecutor(workers, thread_name_prefix="aggregate-map") as pool:
         futures = {
-            pool.submit(_map_topk_one, s, p, fine_bins, False, kept, small, advance): s
-            for _, s, p in todo
+            pool.submit(
+                _map_topk_one, s, p, fine_bins, False, kept, small, advance, first, scores
+            ): s
+            for (_, s, p), first in zip(todo, firsts, strict=True)
         }
         pending = set(futures)
         while pending:

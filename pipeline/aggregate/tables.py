@@ -28,7 +28,12 @@ from pipeline.aggregate.reduce import (
     check_memory_limit,
     memory_rows,
 )
-from pipeline.aggregate.shard_map import PartCache, _release_map_memory, build_parts
+from pipeline.aggregate.shard_map import (
+    PartCache,
+    _release_map_memory,
+    build_parts,
+    start_map_read,
+)
 from pipeline.defaults import DEFAULT_FINE_BINS
 from pipeline.progress import notice
 from pipeline.store import tablestore
@@ -60,7 +65,7 @@ def aggregate(
     from pipeline.core.binning import check_n_bins
 
     fine_bins = check_n_bins(fine_bins)
-    check_memory_limit(memory_limit)
+    limit = check_memory_limit(memory_limit)
     if isinstance(run_dirs, (str, os.PathLike)):
         run_dirs = [run_dirs]
     check_out_arg(out)
@@ -82,16 +87,18 @@ def aggregate(
     with RunLock(out, purpose="aggregate", tables=True):
         temp_dir = scratch_dir(out)
         parts_base = None if keep_parts else temp_dir / "parts"
-        scores = None
+        scores = first_read = None
         try:
             from pipeline.aggregate import positions
 
             if all(run.store == "topk" for run in runs):
                 from pipeline.aggregate.topk_small import use_small_path
 
-                # NLL, Brier, entropy sums (cached: metrics need not scan),
-                # read beside the map on a core of their own
                 small = use_small_path(s for run in runs for s in run.shards)
+                if not small:  # decoding begins while numba loads (below)
+                    first_read = start_map_read(runs, limit, with_scores=True)
+                # NLL, Brier, entropy sums (cached: metrics need not scan),
+                # from the map's batches, on a core of their own
                 scores = positions.ScoresScan(runs, fine_bins, compiled=not small)
             kept = PartCache(memory_rows(memory_limit))
             dense_scores: dict = {}  # the scores' per-row sums of full-store shards
@@ -103,7 +110,11 @@ def aggregate(
                 parts_base=parts_base,
                 kept=kept,
                 dense_scores=dense_scores,
+                first_read=first_read,
+                scores=scores,
             )
+            if scores is not None:
+                scores.end_feed()
             notice(f"aggregate: summing the partial tables of {len(parts)} shard(s) ...", progress)
             meta = _reduce(parts, out, runs, fine_bins, memory_limit, temp_dir, kept)
             if scores is None:
@@ -114,6 +125,8 @@ def aggregate(
         finally:
             if scores is not None:  # the map or reduce failed: the scan stops too
                 scores.cancel()
+            if first_read is not None:  # read and closed by the map, unless it failed first
+                first_read.close()
             # nothing of the map step outlives the call, nor pyarrow's freed
             # decode buffers (the scan's thread holds a heap of its own)
             _release_map_memory(decoded=True)

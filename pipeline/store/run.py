@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.core.arrow_numpy import column_numpy, empty_table
@@ -417,6 +416,8 @@ def _doc_id_range(pf: pq.ParquetFile) -> tuple[int, int] | None:
             continue
         stats = group.column(col).statistics
         if stats is None or not stats.has_min_max:
+            import pyarrow.compute as pc  # here only: its import costs 0.04 s
+
             ids = pf.read(columns=["doc_id"]).column("doc_id")
             return int(pc.min(ids).as_py()), int(pc.max(ids).as_py())
         lows.append(int(stats.min))
@@ -562,17 +563,76 @@ def iter_positions(
         yield batch
 
 
-def read_ahead(batches):
-    """Yield from `batches`, the next item fetched on a thread while the caller
-    works on this one: pyarrow decodes without the GIL, so decoding overlaps
-    a nogil kernel or numpy. Closing the generator waits for the fetch in flight."""
-    from concurrent.futures import ThreadPoolExecutor
+class ReadAhead:
+    """Iterate `batches`, each fetched on a thread ahead of the caller: pyarrow
+    decodes without the GIL, so decoding overlaps a nogil kernel or numpy.
 
-    with ThreadPoolExecutor(1, thread_name_prefix="read-ahead") as reader:
-        upcoming = reader.submit(next, batches, None)
-        while (item := upcoming.result()) is not None:
-            upcoming = reader.submit(next, batches, None)
-            yield item
+    The thread holds one fetched batch, or with `max_bytes` batches while they
+    come to fewer bytes than that (memory stays bounded), so a reader started
+    before its consumer is ready (while numba loads) decodes meanwhile. An
+    error from `batches` is raised where its batch would have come. ``close()``
+    waits for the fetch in flight and fetches nothing more."""
+
+    def __init__(self, batches, max_bytes: int = 0):
+        import threading
+        from collections import deque
+
+        self._batches, self._max_bytes = batches, max_bytes
+        self._held, self._bytes = deque(), 0
+        self._stopped = self._ended = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._fill, name="read-ahead", daemon=True)
+        self._thread.start()
+
+    def _fill(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped and self._held and self._bytes >= self._max_bytes:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+            try:
+                item = next(self._batches, None)
+            except BaseException as err:  # raised again by __next__, in order
+                item, failed = err, True
+            else:
+                failed = False
+            size = 0 if item is None or failed else item.nbytes
+            with self._cond:
+                if self._stopped:  # closed while this fetch was in flight
+                    return
+                self._held.append((item, failed, size))
+                self._bytes += size
+                self._cond.notify_all()
+            if item is None or failed:
+                return
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._ended:
+            raise StopIteration
+        with self._cond:
+            while not self._held:
+                self._cond.wait()
+            item, failed, size = self._held.popleft()
+            self._bytes -= size
+            self._cond.notify_all()
+        if failed or item is None:
+            self._ended = True
+            if failed:
+                raise item
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopped = self._ended = True
+            self._held.clear()
+            self._bytes = 0
+            self._cond.notify_all()
+        self._thread.join()
 
 
 def read_positions(shard: Shard, columns) -> pa.Table:

@@ -1,0 +1,109 @@
+"""store.run.ReadAhead: batches fetched on a thread ahead of their consumer,
+bounded by bytes; errors raised in order; closing stops the fetching. And the
+aggregation's first shard, read while the kernels load, gives the same tables."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+
+from pipeline.store.run import ReadAhead
+
+
+def _batches(n: int, rows: int, fetched: list, fail_at: int | None = None, delay: float = 0.0):
+    for i in range(n):
+        time.sleep(delay)
+        if i == fail_at:
+            raise ValueError(f"batch {i} is bad")
+        fetched.append(i)
+        yield pa.record_batch({"x": pa.array(range(i * rows, (i + 1) * rows), pa.int64())})
+
+
+def _wait_for(condition, seconds: float = 5.0) -> None:
+    end = time.monotonic() + seconds
+    while not condition() and time.monotonic() < end:
+        time.sleep(0.005)
+
+
+def test_yields_every_batch_in_order():
+    fetched: list = []
+    got = [b.column(0).to_pylist() for b in ReadAhead(_batches(5, 3, fetched))]
+    assert got == [list(range(i * 3, i * 3 + 3)) for i in range(5)]
+
+
+@pytest.mark.parametrize(
+    "max_bytes, ahead", [(0, 1), (1, 1), (8 * 1000 * 3, 3), (8 * 1000 * 3 + 1, 4)]
+)
+def test_fetches_ahead_up_to_its_bytes(max_bytes, ahead):
+    """Unconsumed, it holds one batch, or batches while they come to fewer
+    than max_bytes (each 8,000 bytes here): never more."""
+    fetched: list = []
+    reader = ReadAhead(_batches(10, 1000, fetched), max_bytes=max_bytes)
+    _wait_for(lambda: len(fetched) >= ahead)
+    time.sleep(0.1)  # it would have fetched more by now if it were going to
+    assert len(fetched) == ahead
+    next(reader)  # one taken: one more fetched
+    _wait_for(lambda: len(fetched) >= ahead + 1)
+    time.sleep(0.05)
+    assert len(fetched) == ahead + 1
+    reader.close()
+
+
+def test_an_error_is_raised_where_its_batch_would_have_come():
+    fetched: list = []
+    reader = ReadAhead(_batches(5, 2, fetched, fail_at=2), max_bytes=10**6)
+    assert next(reader).num_rows == 2 and next(reader).num_rows == 2
+    with pytest.raises(ValueError, match="batch 2 is bad"):
+        next(reader)
+    with pytest.raises(StopIteration):
+        next(reader)
+
+
+def test_close_stops_fetching_and_leaves_no_thread():
+    fetched: list = []
+    reader = ReadAhead(_batches(100, 10, fetched, delay=0.01), max_bytes=10**9)
+    next(reader)
+    reader.close()  # waits for the fetch in flight, starts none
+    count = len(fetched)
+    time.sleep(0.1)
+    assert len(fetched) == count < 100
+    assert not [t for t in threading.enumerate() if t.name == "read-ahead"]
+    with pytest.raises(StopIteration):
+        next(reader)
+    reader.close()  # twice is fine
+
+
+@pytest.mark.parametrize("shard_rows", [900, 250])
+def test_first_shard_read_while_kernels_load_gives_the_same_tables(
+    tmp_path, monkeypatch, shard_rows
+):
+    """`aggregate` starts reading the first shard before numba loads (one
+    shard: with the scores' columns, in the scan's batches): the tables are
+    the same bits as a map that reads every shard itself."""
+    import pyarrow.parquet as pq
+
+    from pipeline.aggregate import aggregate, positions, tables, topk_pass, topk_small
+    from pipeline.store.tablestore import TABLE_NAMES
+    from tests.helpers.analysis_runs import dense_case, write_run
+
+    monkeypatch.setattr(topk_small, "SMALL_RUN_ENTRIES", 1)
+    monkeypatch.setattr(positions, "BATCH_ROWS", 128)
+    monkeypatch.setattr(topk_pass, "BATCH_ROWS", 37)
+    case = dense_case(n=900, vocab_size=61, seed=4, docs=30)
+    run_dir = tmp_path / "run"
+    write_run(run_dir, case, store="topk", k=7, tau=0.01, shard_rows=shard_rows)
+    started = []
+    real_start = tables.start_map_read
+    monkeypatch.setattr(
+        tables, "start_map_read", lambda *a, **k: started.append(k) or real_start(*a, **k)
+    )
+    early, _ = aggregate(run_dir, tmp_path / "early", keep_parts=False, progress=False)
+    assert started == [{"with_scores": True}]
+    monkeypatch.setattr(tables, "start_map_read", lambda *a, **k: None)
+    plain, _ = aggregate(run_dir, tmp_path / "plain", keep_parts=False, progress=False)
+    for name in TABLE_NAMES:
+        want = pq.read_table(plain / f"{name}.parquet")
+        assert pq.read_table(early / f"{name}.parquet").equals(want), name
