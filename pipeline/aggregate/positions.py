@@ -358,8 +358,6 @@ def _scan_runs(
     fine_bins: int | None = None,
     name: str = "positions",
     dense: dict | None = None,
-    stop=None,
-    decode_threads: bool = True,
 ) -> PositionScan:
     from pipeline.store.run import ReadAhead, iter_positions, open_positions
 
@@ -388,12 +386,10 @@ def _scan_runs(
             if scan.mass_sq is not None:
                 scan.add_mass_sq(dense_rows[2])
         # the next batch decodes (GIL released) while this one is summed
-        ahead = ReadAhead(iter_positions(shard, cols, BATCH_ROWS, use_threads=decode_threads))
+        ahead = ReadAhead(iter_positions(shard, cols, BATCH_ROWS))
         try:
             start = 0
             while (batch := next(ahead, None)) is not None:
-                if stop is not None and stop.is_set():
-                    raise ScanCancelled
                 end = start + batch.num_rows
                 part = (
                     None
@@ -407,9 +403,7 @@ def _scan_runs(
                     scan.update(batch, part)
                 except _NeedsKept:  # raised before any sum moved: read on with every column
                     ahead.close()
-                    ahead = ReadAhead(
-                        iter_positions(shard, every, BATCH_ROWS, use_threads=decode_threads)
-                    )
+                    ahead = ReadAhead(iter_positions(shard, every, BATCH_ROWS))
                     skipped = 0
                     while skipped < start:  # batch boundaries do not depend on the columns
                         skipped += next(ahead).num_rows
@@ -458,15 +452,12 @@ def scan_scores(
     *,
     progress: bool = False,
     dense: dict | None = None,
-    stop=None,
-    decode_threads: bool = True,
 ) -> dict:
     """The runs' (verified) positions scanned once for the NLL, Brier and
     entropy sums and Σ_i q_im² at the M's dividing `fine_bins`
     (:meth:`PositionScan.sums`). `dense`: full-store shards'
     :meth:`DenseRowScores.result`, by logits path, from the aggregation's own
-    pass; `stop`: a threading.Event that cancels the scan (ScanCancelled);
-    `decode_threads=False`: pyarrow decodes on the reading thread alone."""
+    pass."""
     return _scan_runs(
         runs,
         progress=progress,
@@ -474,8 +465,6 @@ def scan_scores(
         fine_bins=fine_bins,
         name="aggregate scores",
         dense=dense,
-        stop=stop,
-        decode_threads=decode_threads,
     ).sums()
 
 
