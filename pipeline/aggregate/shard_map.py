@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,7 +100,11 @@ def start_map_read(runs: list[Run], memory_limit_bytes: int, *, with_scores: boo
     shard = next((s for run in runs if run.store == "topk" for s in run.shards), None)
     if shard is None:
         return None
-    batches = _map_batches(shard, False, with_scores=with_scores)
+    # pyarrow's threads decode a lone shard (as the map would) once the kernels
+    # are loaded (a later aggregation in this process): nothing to hide behind
+    lone = sum(len(run.shards) for run in runs) == 1
+    threads = lone and "pipeline.aggregate._topk_kernel" in sys.modules
+    batches = _map_batches(shard, threads, with_scores=with_scores)
     return FirstRead(shard, ReadAhead(batches, max_bytes=memory_limit_bytes // _FIRST_READ_SHARE))
 
 
