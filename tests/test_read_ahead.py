@@ -107,3 +107,26 @@ def test_first_shard_read_while_kernels_load_gives_the_same_tables(
     for name in TABLE_NAMES:
         want = pq.read_table(plain / f"{name}.parquet")
         assert pq.read_table(early / f"{name}.parquet").equals(want), name
+
+
+def test_first_read_holds_an_eighth_of_the_memory_limit(tmp_path, monkeypatch):
+    """`--memory-limit` bounds the batches the first read decodes ahead: an
+    eighth of it (every other read holds one batch)."""
+    from pipeline.aggregate import aggregate, shard_map, topk_small
+    from pipeline.store import run as store_run
+    from tests.helpers.analysis_runs import dense_case, write_run
+
+    monkeypatch.setattr(topk_small, "SMALL_RUN_ENTRIES", 1)
+    bounds = []
+    real_init = store_run.ReadAhead.__init__
+
+    def spy(self, batches, max_bytes=0):
+        bounds.append(max_bytes)
+        real_init(self, batches, max_bytes)
+
+    monkeypatch.setattr(store_run.ReadAhead, "__init__", spy)
+    case = dense_case(n=600, vocab_size=41, seed=2, docs=20)
+    write_run(tmp_path / "run", case, store="topk", k=5, tau=0.01, shard_rows=200)
+    aggregate(tmp_path / "run", progress=False, memory_limit="64MB")
+    assert bounds[0] == 64 * 10**6 // shard_map._FIRST_READ_SHARE == 8 * 10**6
+    assert bounds[1:] == [0, 0]  # the two other shards: one batch ahead
