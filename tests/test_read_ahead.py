@@ -110,8 +110,9 @@ def test_first_shard_read_while_kernels_load_gives_the_same_tables(
 
 
 def test_first_read_holds_an_eighth_of_the_memory_limit(tmp_path, monkeypatch):
-    """`--memory-limit` bounds the batches the first read decodes ahead: an
-    eighth of it (every other read holds one batch)."""
+    """`--memory-limit` bounds the batches the first read decodes ahead: it
+    fetches while they hold less than an eighth of it (see
+    test_fetches_ahead_up_to_its_bytes; every other read holds one batch)."""
     from pipeline.aggregate import aggregate, shard_map, topk_small
     from pipeline.store import run as store_run
     from tests.helpers.analysis_runs import dense_case, write_run

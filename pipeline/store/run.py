@@ -567,9 +567,10 @@ class ReadAhead:
     """Iterate `batches`, each fetched on a thread ahead of the caller: pyarrow
     decodes without the GIL, so decoding overlaps a nogil kernel or numpy.
 
-    The thread holds one fetched batch, or with `max_bytes` batches while they
-    come to fewer bytes than that (memory stays bounded), so a reader started
-    before its consumer is ready (while numba loads) decodes meanwhile. An
+    The thread holds one fetched batch, or with `max_bytes` it fetches while
+    the batches it holds come to fewer bytes than that (so at most one batch
+    more: memory stays bounded), and a reader started before its consumer is
+    ready (while numba loads) decodes meanwhile. An
     error from `batches` is raised where its batch would have come. ``close()``
     waits for the fetch in flight and fetches nothing more."""
 
