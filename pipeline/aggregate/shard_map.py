@@ -146,10 +146,12 @@ def _aggregate_topk_shard(
     else:
         state = TopkShardPass(vocab_size=k, fine_bins=fine_bins)
     try:
-        if first is None:
-            # decode the next batch (GIL released) while the kernel (nogil) folds this one
-            batches = _map_batches(shard, decode_threads, with_scores=scores is not None)
-        ahead = first.batches if first else ReadAhead(batches)
+        # decode the next batch (GIL released) while the kernel (nogil) folds this one
+        ahead = (
+            first.batches
+            if first
+            else ReadAhead(_map_batches(shard, decode_threads, with_scores=scores is not None))
+        )
         with closing(ahead):
             for batch in ahead:
                 state.add_batch(batch)
@@ -513,22 +515,31 @@ def _map_topk_shards(
         with lock:
             bar.update(rows)
 
-    firsts = [first, *[None] * (len(todo) - 1)] if todo else []
     if workers == 1:
         metas = {}
-        for (_, shard, part_dir), first in zip(todo, firsts, strict=True):
+        for i, (_, shard, part_dir) in enumerate(todo):
             metas[part_dir] = _map_topk_one(
-                shard, part_dir, fine_bins, True, kept, small, advance, first, scores
-            )
+                shard, part_dir, fine_bins, True, kept, small, advance, first if i == 0 else None,
+                scores,
+            )  # fmt: skip
         return metas
     from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
     with ThreadPoolExecutor(workers, thread_name_prefix="aggregate-map") as pool:
         futures = {
             pool.submit(
-                _map_topk_one, s, p, fine_bins, False, kept, small, advance, first, scores
+                _map_topk_one,
+                s,
+                p,
+                fine_bins,
+                False,
+                kept,
+                small,
+                advance,
+                first if i == 0 else None,
+                scores,
             ): s
-            for (_, s, p), first in zip(todo, firsts, strict=True)
+            for i, (_, s, p) in enumerate(todo)
         }
         pending = set(futures)
         while pending:
