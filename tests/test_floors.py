@@ -281,14 +281,22 @@ def test_bin_mass_sq_from_the_definition():
 
 
 @pytest.mark.parametrize(
+    "ms",
+    [
+        [5, 10, 20, 50, 100, 200, 500, 1000],  # the paper's, as aggregation keeps them
+        [1, 2, 4, 8, 25, 40, 125, 250, 1000],  # other chains of grids: other ratios
+    ],
+)
+@pytest.mark.parametrize(
     "alpha, n, k",
     [(0.05, 200, 300), (5.0, 60, 600), (0.5, 40, 900), (1.0, 1, 3), (1.0, 0, 5)],
 )
-def test_bin_mass_sq_compiled_equals_numpy_and_definition(monkeypatch, alpha, n, k):
+def test_bin_mass_sq_compiled_equals_numpy_and_definition(monkeypatch, alpha, n, k, ms):
     """The compiled pass (taken once numba is loaded) and the numpy pass give the
     same bits, rows with hundreds of entries above bin 1, ties in a
     fine bin, values on bin edges, a bin-1 tail and rows with no entry
-    included; both equal the definition."""
+    included; both equal the definition, on the paper's grids and on grids
+    coarsened from each other by other ratios."""
     import pipeline.core.floors as floors
 
     rng = np.random.default_rng(int(alpha * 100) + n)
@@ -300,7 +308,6 @@ def test_bin_mass_sq_compiled_equals_numpy_and_definition(monkeypatch, alpha, n,
     keep = rng.random((n, k)) < 0.8
     rows, cols = np.nonzero(keep)
     tail = np.where(keep, 0.0, probs.astype(np.float64)).sum(axis=1)
-    ms = [5, 10, 20, 50, 100, 200, 500, 1000]
     monkeypatch.setattr(floors, "_numpy_suffices", lambda size: True)
     by_numpy = floors.bin_mass_sq_of_entries(rows, probs[rows, cols], n, ms, 1000, bin1=tail)
     monkeypatch.setattr(floors, "_numpy_suffices", lambda size: False)

@@ -39,17 +39,26 @@ def bin_mass_sq_rows(offsets, probs, bin1, fine_bins, threshold, grids, source, 
     group_bin = np.empty((n_grids, width), np.int64)
     group_q = np.empty((n_grids, width), np.float64)
     count = np.zeros(n_grids, np.int64)
+    # the bin of grid g holding bin b of its source grid: looked up, not divided
+    # per group (an integer division per group was most of the per-row cost)
+    coarse_of = np.zeros((n_grids, fine_bins + 1), np.int64)
+    for g in range(1, n_grids):
+        ratio = grids[source[g]] // grids[g]
+        for b in range(1, grids[source[g]] + 1):
+            coarse_of[g, b] = (b + ratio - 1) // ratio
     for r in range(n):
         low = 0.0
         h = 0
-        for t in range(offsets[r], offsets[r + 1]):
+        # unsigned indices: numba then adds no negative-index handling
+        for t in range(np.uint64(offsets[r]), np.uint64(offsets[r + 1])):
             v = probs[t]
             if v > threshold:
-                level = max(np.int64(np.ceil(np.float64(v) * fine_bins)), np.int64(1))
+                # v above bin 1's threshold: float64(v) * F > 1, so the fine bin is >= 2
+                level = np.uint64(np.ceil(np.float64(v) * fine_bins))
                 if seen_in_row[level] != r:  # a new fine bin: its sum starts at 0.0
                     seen_in_row[level] = r
                     fine_sum[level] = 0.0
-                    seen_bits[level >> 6] |= np.uint64(1) << np.uint64(level & 63)
+                    seen_bits[level >> np.uint64(6)] |= np.uint64(1) << (level & np.uint64(63))
                     h += 1
                 fine_sum[level] += np.float64(v)
             else:
@@ -74,13 +83,13 @@ def bin_mass_sq_rows(offsets, probs, bin1, fine_bins, threshold, grids, source, 
         count[0] = h + 1
         for g in range(1, n_grids):
             src = source[g]
-            ratio = grids[src] // grids[g]
+            groups = count[src]
             c = 0
             i = 0
-            while i < count[src]:
-                coarse = (group_bin[src, i] + ratio - 1) // ratio
+            while i < groups:
+                coarse = coarse_of[g, group_bin[src, i]]
                 q = 0.0
-                while i < count[src] and (group_bin[src, i] + ratio - 1) // ratio == coarse:
+                while i < groups and coarse_of[g, group_bin[src, i]] == coarse:
                     q += group_q[src, i]
                     i += 1
                 group_bin[g, c] = coarse
