@@ -41,6 +41,16 @@ def test_realistic_section_measures_whole_processes(tmp_path):
     assert r["distinct_groups"] == np.unique(ids.astype(np.int64) * 1001 + bins).size
     assert r["seconds_best"]["aggregate"] > 0 and r["ratio_to_plain_scan"]["ratio"] > 0
     assert (run / "tables" / "meta.json").exists()
+    # the headline's budget, from the best times (scan in-process / 0.3, less the reader's imports)
+    best, h = r["seconds_best"], r["headline"]
+    assert h["allowed_process_seconds"] == pytest.approx(best["scan"] / 0.3)
+    assert h["work_budget_seconds"] == pytest.approx(
+        best["scan"] / 0.3 - best["reader_floor_process"]
+    )
+    assert h["numba_startup_seconds"] == pytest.approx(
+        best["startup_floor_process"] - best["command_imports_process"]
+    )
+    assert 0 < best["reader_floor_process"] < best["startup_floor_process"]
     shard = sorted((run / "shards").glob("positions-*.parquet"))[0]
     engines = grouping_engines(shard, 300, repeat=1)
     first = pq.read_table(shard)
