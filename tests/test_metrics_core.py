@@ -633,6 +633,65 @@ def test_sparse_merge_sums_every_table(parts, layout, seed):
             assert got == pytest.approx([want[key][f.name] for key in keys], rel=1e-12)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 30), st.integers(0, 2**31))
+def test_one_table_in_key_order_is_its_own_sum(rows, seed):
+    """sparse_table_as_is hands back a lone table in key order with unique keys
+    (a single shard's partial table) as it is, equal to the merge's table to
+    the bit; anything the merge would sort or sum is left to the merge (None);
+    its checks are the merge's."""
+    import pyarrow as pa
+
+    from pipeline.core.tables import (
+        TABLE_FIELDS,
+        sparse_merge_arrow,
+        sparse_table_as_is,
+        sparse_to_arrow,
+        value_fields,
+    )
+    from pipeline.store.schema import TABLE_SCHEMAS
+
+    rng = np.random.default_rng(seed)
+    fine_bins, vocab = 7, 9
+    for name in ("class_bins", "seq_bins"):
+        entity = TABLE_FIELDS[name][0].name
+        cells = np.sort(rng.choice(vocab * fine_bins, rows, replace=False))
+        ids, bins = cells // fine_bins, cells % fine_bins + 1
+        if name == "seq_bins":
+            ids = ids - 4  # document ids may be negative
+        columns = {entity: ids, "bin": bins}
+        for f in value_fields(name):
+            columns[f.name] = rng.integers(0, 100, rows) if f.dtype == "int64" else rng.random(rows)
+        table = pa.table(columns).cast(TABLE_SCHEMAS[name])
+        empty = table.slice(0, 0)
+        got = sparse_table_as_is([empty, table, empty], name, fine_bins, vocab)
+        if rows == 0:
+            assert got is None  # no table: the merge writes the empty one
+            continue
+        assert got is table
+        merged = sparse_to_arrow(sparse_merge_arrow([table], name, fine_bins, vocab), name)
+        assert merged.schema.equals(got.schema)
+        for column in merged.column_names:
+            want = merged.column(column).to_numpy()
+            assert got.column(column).to_numpy().tobytes() == want.tobytes(), column
+        # left to the merge: two tables, a table out of order or with a key twice
+        assert sparse_table_as_is([table, table], name, fine_bins, vocab) is None
+        if rows > 1:
+            assert sparse_table_as_is([table[::-1]], name, fine_bins, vocab) is None
+            twice = pa.concat_tables([table.slice(0, 1), table.slice(0, rows - 1)])
+            assert sparse_table_as_is([twice], name, fine_bins, vocab) is None
+        other = table.cast(pa.schema([pa.field(f.name, pa.int64()) if f.name == "bin" else f
+                                      for f in table.schema]))  # fmt: skip
+        assert sparse_table_as_is([other], name, fine_bins, vocab) is None
+        bad_bin = pa.table(dict(columns, bin=np.where(np.arange(rows) == rows - 1, 8, bins)))
+        with pytest.raises(ValueError, match="bin outside 1..7"):
+            sparse_table_as_is([bad_bin.cast(TABLE_SCHEMAS[name])], name, fine_bins, vocab)
+    table = pa.table({"class_id": [2, 9], "bin": [1, 1], "n": [1, 1], "p_sum": [0.1, 0.2],
+                      "hits": [0, 1]}).cast(TABLE_SCHEMAS["class_bins"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"class_id outside \[0, 9\)"):
+        sparse_table_as_is([table], "class_bins", 7, 9)
+
+
 def test_sparse_merge_refuses_bins_out_of_range():
     import pyarrow as pa
 

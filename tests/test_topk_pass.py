@@ -189,13 +189,14 @@ def test_grouping_through_every_growth_path(tmp_path, monkeypatch):
     assert_table_columns_equal(tables, want)
 
 
-def test_reduce_in_memory_equals_duckdb(tmp_path, case, monkeypatch):
+@pytest.mark.parametrize("shard_rows", [45, 1000])  # 5 shards; 1 (its tables written as they are)
+def test_reduce_in_memory_equals_duckdb(tmp_path, case, monkeypatch, shard_rows):
     """The in-memory reduce (BinTables) and the spilling DuckDB reduce, used past
     the memory budget, write the same tables; both equal the metric core's."""
     from pipeline.aggregate import reduce
 
     run = tmp_path / "run"
-    manifest = write_run(run, case, k=4, shard_rows=45)  # 5 shards
+    manifest = write_run(run, case, k=4, shard_rows=shard_rows)
     in_memory = aggregate_runs([run], out=tmp_path / "memory")
     monkeypatch.setattr(reduce, "_REDUCE_ROW_BYTES", 10**12)  # nothing fits: DuckDB
     from pipeline.aggregate import shard_map

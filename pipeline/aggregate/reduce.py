@@ -200,7 +200,12 @@ def _reduce_in_memory(parts, out: Path, k: int, fine_bins: int, positions, tail_
     pyarrow encodes without the GIL), tokens and top1_bins meanwhile here."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pipeline.core.tables import BinTables, sparse_merge_arrow, sparse_to_arrow
+    from pipeline.core.tables import (
+        BinTables,
+        sparse_merge_arrow,
+        sparse_table_as_is,
+        sparse_to_arrow,
+    )
 
     def part_tables(part_dir):
         tables = kept.get(part_dir) if kept else None
@@ -215,8 +220,11 @@ def _reduce_in_memory(parts, out: Path, k: int, fine_bins: int, positions, tail_
         tablestore.write_table_file(table, out / f"{name}.parquet")
 
     def sparse(name):
-        merged = sparse_merge_arrow([t[name] for t in loaded], name, fine_bins, k)
-        write(sparse_to_arrow(merged, name), name)
+        tables = [t[name] for t in loaded]
+        table = sparse_table_as_is(tables, name, fine_bins, k)  # one shard's: its own sum
+        if table is None:
+            table = sparse_to_arrow(sparse_merge_arrow(tables, name, fine_bins, k), name)
+        write(table, name)
 
     with ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(sparse, name) for name in ("class_bins", "seq_bins")]

@@ -396,6 +396,28 @@ def _check_sparse(bins: SparseBins, name: str, fine_bins: int, vocab_size: int) 
         raise ValueError(f"class_bins: class_id outside [0, {vocab_size})")
 
 
+def sparse_table_as_is(
+    tables: list[pa.Table], name: str, fine_bins: int, vocab_size: int
+) -> pa.Table | None:
+    """The sum of `tables` when it is the one non-empty table among them as it
+    stands: of the table's schema, in key order with unique keys (a single
+    shard's partial table), checked as :func:`sparse_from_arrow` checks; None
+    when it is not (several tables, or one to sort or sum: merge them).
+    Summing such a table would give back its own values, so no copy is made."""
+    tables = [t for t in tables if t.num_rows]
+    if len(tables) != 1 or not tables[0].schema.equals(BIN_TABLE_SCHEMAS[name]):
+        return None
+    table = tables[0]
+    entity = TABLE_FIELDS[name][0].name
+    ids = column_numpy(table.column(entity)).astype(np.int64, copy=False)
+    bins = column_numpy(table.column("bin"))
+    keys = ids * (fine_bins + 1) + bins
+    if not bool(np.all(keys[1:] > keys[:-1])):
+        return None
+    _check_sparse(SparseBins(ids, bins, {}), name, fine_bins, vocab_size)
+    return table
+
+
 def sparse_merge_arrow(
     tables: list[pa.Table], name: str, fine_bins: int, vocab_size: int
 ) -> SparseBins:
