@@ -640,6 +640,9 @@ def test_one_table_in_key_order_is_its_own_sum(rows, seed):
     (a single shard's partial table) as it is, equal to the merge's table to
     the bit; anything the merge would sort or sum is left to the merge (None);
     its checks are the merge's."""
+    import tempfile
+    from pathlib import Path
+
     import pyarrow as pa
 
     from pipeline.core.tables import (
@@ -650,6 +653,7 @@ def test_one_table_in_key_order_is_its_own_sum(rows, seed):
         value_fields,
     )
     from pipeline.store.schema import TABLE_SCHEMAS
+    from pipeline.store.tablestore import write_table_file
 
     rng = np.random.default_rng(seed)
     fine_bins, vocab = 7, 9
@@ -668,12 +672,20 @@ def test_one_table_in_key_order_is_its_own_sum(rows, seed):
         if rows == 0:
             assert got is None  # no table: the merge writes the empty one
             continue
-        assert got is table
+        assert got.equals(table)
         merged = sparse_to_arrow(sparse_merge_arrow([table], name, fine_bins, vocab), name)
-        assert merged.schema.equals(got.schema)
+        assert merged.schema.equals(got.schema, check_metadata=True)
         for column in merged.column_names:
             want = merged.column(column).to_numpy()
             assert got.column(column).to_numpy().tobytes() == want.tobytes(), column
+        # written, the same bytes as the merge's table, from one chunk or several
+        chunked = pa.concat_tables([table.slice(0, rows // 2), table.slice(rows // 2)])
+        with tempfile.TemporaryDirectory() as tmp:
+            files = []
+            for i, t in enumerate((merged, got, sparse_table_as_is([chunked], name, 7, vocab))):
+                write_table_file(t, Path(tmp) / f"{i}.parquet")
+                files.append((Path(tmp) / f"{i}.parquet").read_bytes())
+            assert files[0] == files[1] == files[2]
         # left to the merge: two tables, a table out of order or with a key twice
         assert sparse_table_as_is([table, table], name, fine_bins, vocab) is None
         if rows > 1:
@@ -683,6 +695,8 @@ def test_one_table_in_key_order_is_its_own_sum(rows, seed):
         other = table.cast(pa.schema([pa.field(f.name, pa.int64()) if f.name == "bin" else f
                                       for f in table.schema]))  # fmt: skip
         assert sparse_table_as_is([other], name, fine_bins, vocab) is None
+        tagged = table.replace_schema_metadata({"other": "metadata"})
+        assert sparse_table_as_is([tagged], name, fine_bins, vocab) is None
         bad_bin = pa.table(dict(columns, bin=np.where(np.arange(rows) == rows - 1, 8, bins)))
         with pytest.raises(ValueError, match="bin outside 1..7"):
             sparse_table_as_is([bad_bin.cast(TABLE_SCHEMAS[name])], name, fine_bins, vocab)

@@ -405,9 +405,10 @@ def sparse_table_as_is(
     when it is not (several tables, or one to sort or sum: merge them).
     Summing such a table would give back its own values, so no copy is made."""
     tables = [t for t in tables if t.num_rows]
-    if len(tables) != 1 or not tables[0].schema.equals(BIN_TABLE_SCHEMAS[name]):
+    schema = BIN_TABLE_SCHEMAS[name]
+    if len(tables) != 1 or not tables[0].schema.equals(schema, check_metadata=True):
         return None
-    table = tables[0]
+    table = tables[0].combine_chunks()  # one chunk per column, as the merge writes (no copy if so)
     entity = TABLE_FIELDS[name][0].name
     ids = column_numpy(table.column(entity)).astype(np.int64, copy=False)
     bins = column_numpy(table.column("bin"))
