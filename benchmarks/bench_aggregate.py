@@ -485,6 +485,11 @@ def _timed_process(cmd: list[str]) -> dict:
     return {"seconds": dt, "peak_rss_bytes": int(rss[-1].split("=")[1]) * 1024 if rss else None}
 
 
+def python_process(code: str) -> dict:
+    """`python -c code` as a whole process, start-up included."""
+    return _timed_process([sys.executable, "-c", code])
+
+
 def process_aggregate(run_dir: Path, memory_limit: str = "1GB") -> dict:
     """`fullece aggregate RUN` as a user runs it (fresh tables, start-up included)."""
     _fresh(run_dir)
@@ -501,7 +506,7 @@ def process_duckdb(sql: str) -> dict:
         "con.execute(f'SET threads={os.cpu_count()}')\n"
         f"con.execute({sql!r}).fetchall()\n"
     )
-    return _timed_process([sys.executable, "-c", code])
+    return python_process(code)
 
 
 def process_startup_floor() -> dict:
@@ -515,12 +520,7 @@ def process_startup_floor() -> dict:
         "from pipeline.aggregate.topk_pass import warm_up\n"
         f"warm_up({DEFAULT_FINE_BINS_})\n"
     )
-    return _timed_process([sys.executable, "-c", code])
-
-
-def process_imports(code: str) -> dict:
-    """A process that only imports (`code`), start-up included."""
-    return _timed_process([sys.executable, "-c", code])
+    return python_process(code)
 
 
 # the least a Python process that reads these Parquet files imports (either reader)
@@ -594,9 +594,9 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
         runs["scan_process"].append(process_duckdb(sql_scan)["seconds"])
         runs["group_by_process"].append(process_duckdb(sql_group)["seconds"])
         runs["startup_floor_process"].append(process_startup_floor()["seconds"])
-        runs["command_imports_process"].append(process_imports(COMMAND_IMPORTS)["seconds"])
+        runs["command_imports_process"].append(python_process(COMMAND_IMPORTS)["seconds"])
         runs["reader_floor_process"].append(
-            min(process_imports(code)["seconds"] for code in READER_IMPORTS.values())
+            min(python_process(code)["seconds"] for code in READER_IMPORTS.values())
         )
     best = {k: min(v) for k, v in runs.items()}
     r = {

@@ -1,7 +1,8 @@
 """Reduce step of ``fullece aggregate``: partial tables -> the tables.
 
-In memory with the metric core's k-way merge (``sparse_merge_arrow``,
-``BinTables``) when the partial rows fit ``--memory-limit``, else one DuckDB
+In memory with the metric core's sums (``sparse_sum_arrow``: a lone shard's
+table as it is, else the k-way merge ``sparse_merge_arrow``; ``BinTables``)
+when the partial rows fit ``--memory-limit``, else one DuckDB
 ``GROUP BY ... SUM`` per table over every part file, which spills to disk.
 Writes ``OUT/*.parquet`` and, last, ``OUT/meta.json`` (the layout of
 ``pipeline.store.tablestore``).
@@ -97,7 +98,7 @@ def _reduce(
     kept: PartCache | None = None,
 ) -> dict:
     """Sum the partial tables into the tables at `out`: in memory with the
-    metric core's merge (``sparse_merge_arrow``, ``BinTables``) when every
+    metric core's sum (``sparse_sum_arrow``, ``BinTables``) when every
     partial row fits `memory_limit` at _REDUCE_ROW_BYTES each, else with
     DuckDB, which spills to `temp_dir`."""
     k = runs[0].vocab_size
@@ -200,12 +201,7 @@ def _reduce_in_memory(parts, out: Path, k: int, fine_bins: int, positions, tail_
     pyarrow encodes without the GIL), tokens and top1_bins meanwhile here."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pipeline.core.tables import (
-        BinTables,
-        sparse_merge_arrow,
-        sparse_table_as_is,
-        sparse_to_arrow,
-    )
+    from pipeline.core.tables import BinTables, sparse_sum_arrow
 
     def part_tables(part_dir):
         tables = kept.get(part_dir) if kept else None
@@ -220,11 +216,7 @@ def _reduce_in_memory(parts, out: Path, k: int, fine_bins: int, positions, tail_
         tablestore.write_table_file(table, out / f"{name}.parquet")
 
     def sparse(name):
-        tables = [t[name] for t in loaded]
-        table = sparse_table_as_is(tables, name, fine_bins, k)  # one shard's: its own sum
-        if table is None:
-            table = sparse_to_arrow(sparse_merge_arrow(tables, name, fine_bins, k), name)
-        write(table, name)
+        write(sparse_sum_arrow([t[name] for t in loaded], name, fine_bins, k), name)
 
     with ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(sparse, name) for name in ("class_bins", "seq_bins")]

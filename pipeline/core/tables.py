@@ -419,6 +419,18 @@ def sparse_table_as_is(
     return table
 
 
+def sparse_sum_arrow(
+    tables: list[pa.Table], name: str, fine_bins: int, vocab_size: int
+) -> pa.Table:
+    """The sum of class_bins or seq_bins tables as the Arrow table of its
+    schema: a lone table that is already its own sum as it is
+    (:func:`sparse_table_as_is`), else :func:`sparse_merge_arrow`'s."""
+    table = sparse_table_as_is(tables, name, fine_bins, vocab_size)
+    if table is None:
+        table = sparse_to_arrow(sparse_merge_arrow(tables, name, fine_bins, vocab_size), name)
+    return table
+
+
 def sparse_merge_arrow(
     tables: list[pa.Table], name: str, fine_bins: int, vocab_size: int
 ) -> SparseBins:
