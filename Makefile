@@ -36,7 +36,8 @@ UV_FIND_LINKS = $(foreach d,$(FIND_LINKS),--find-links $(d))
 
 # A torch that is already importable (a GPU build, say) is used as it is: the
 # venv then sees the system site-packages.
-$(STAMP): pyproject.toml $(LOCK)
+# setup.py and the C kernels too: an edit of pipeline/core/_native.c rebuilds them.
+$(STAMP): pyproject.toml $(LOCK) setup.py pipeline/core/_native.c
 	@set -e; \
 	if $(PYTHON) -c "import torch" 2>/dev/null; then \
 	  echo "install: using the torch already installed"; \
@@ -65,6 +66,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	fi; \
 	if [ $$own_torch = 1 ]; then $(PY) -m pip check; else $(PY) -m pip check || true; fi; \
 	$(PY) -m compileall -q pipeline >/dev/null || true
+	@$(PY) -c "from pipeline.core.native import native_kernels as c; print('install: the C kernels (pipeline.core._native):', 'built' if c() else 'NOT built (no C compiler?): numba kernels will be used')"
 	@touch $@
 
 # Regenerate requirements.lock from an environment `make install` built, after

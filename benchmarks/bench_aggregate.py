@@ -471,10 +471,15 @@ def _fullece() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "pipeline.cli"]
 
 
-def _timed_process(cmd: list[str]) -> dict:
+def _timed_process(cmd: list[str], kernels: str | None = None) -> dict:
     """Wall time and peak RSS (/usr/bin/time's maximum resident set) of one
-    whole process, with PYTHONDONTWRITEBYTECODE=1 as users often run it."""
+    whole process, with PYTHONDONTWRITEBYTECODE=1 as users often run it;
+    `kernels`: FULLECE_KERNELS for it (None: the default, the C kernels when
+    built)."""
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("FULLECE_KERNELS", None)
+    if kernels is not None:
+        env["FULLECE_KERNELS"] = kernels
     timer = ["/usr/bin/time", "-f", "maxrss_kb=%M"] if Path("/usr/bin/time").exists() else []
     t0 = time.perf_counter()
     proc = subprocess.run(timer + cmd, capture_output=True, text=True, env=env)
@@ -485,16 +490,18 @@ def _timed_process(cmd: list[str]) -> dict:
     return {"seconds": dt, "peak_rss_bytes": int(rss[-1].split("=")[1]) * 1024 if rss else None}
 
 
-def python_process(code: str) -> dict:
+def python_process(code: str, kernels: str | None = None) -> dict:
     """`python -c code` as a whole process, start-up included."""
-    return _timed_process([sys.executable, "-c", code])
+    return _timed_process([sys.executable, "-c", code], kernels)
 
 
-def process_aggregate(run_dir: Path, memory_limit: str = "1GB") -> dict:
-    """`fullece aggregate RUN` as a user runs it (fresh tables, start-up included)."""
+def process_aggregate(run_dir: Path, memory_limit: str = "1GB", kernels: str | None = None) -> dict:
+    """`fullece aggregate RUN` as a user runs it (fresh tables, start-up
+    included); `kernels="numba"`: with numba's kernels instead of the C ones."""
     _fresh(run_dir)
     return _timed_process(
-        [*_fullece(), "aggregate", str(run_dir), "--quiet", "--memory-limit", memory_limit]
+        [*_fullece(), "aggregate", str(run_dir), "--quiet", "--memory-limit", memory_limit],
+        kernels,
     )
 
 
@@ -509,18 +516,20 @@ def process_duckdb(sql: str) -> dict:
     return python_process(code)
 
 
-def process_startup_floor() -> dict:
-    """What `fullece aggregate` of a run too large for numpy pays before it
-    reads a byte, as a whole process: python, the command's imports, numba
-    and loading the map's and the scores' compiled kernels (from numba's
-    on-disk cache)."""
+def process_startup_floor(kernels: str | None = None) -> dict:
+    """What `fullece aggregate` pays before it reads a byte, as a whole
+    process: python, the command's imports and the map's and the scores'
+    compiled kernels: the C module (the default), or with `kernels="numba"`
+    numba and its kernels loaded from its on-disk cache (a run too large for
+    numpy)."""
     code = (
         "import pipeline.cli, pipeline.cli.aggregate, pipeline.aggregate\n"
-        "import pipeline.core._floors_kernel\n"
-        "from pipeline.aggregate.topk_pass import warm_up\n"
-        f"warm_up({DEFAULT_FINE_BINS_})\n"
+        "from pipeline.core.native import floors_kernel, native_kernels\n"
+        "from pipeline.aggregate.topk_pass import _kernels, warm_up\n"
+        "floors_kernel(); _kernels()\n"
+        f"native_kernels() or warm_up({DEFAULT_FINE_BINS_})\n"
     )
-    return python_process(code)
+    return python_process(code, kernels)
 
 
 # the least a Python process that reads these Parquet files imports (either reader)
@@ -539,7 +548,8 @@ def headline_reach(best: dict, target: float = 0.3) -> dict:
     class_bins alone (in-process, no start-up) is set against it, and so is
     our aggregation in-process (kernels loaded): what an implementation
     would need, measured, not a proof of a bound. Numba's share of the
-    start-up is the start-up floor less the command's imports."""
+    start-up (what the C kernels save) is numba's start-up floor less the
+    command's imports."""
     process_budget = best["scan"] / target
     work_budget = process_budget - best["reader_floor_process"]
     return {
@@ -551,7 +561,8 @@ def headline_reach(best: dict, target: float = 0.3) -> dict:
         "aggregate_in_process_share_of_work_budget": best["aggregate_in_process"] / work_budget
         if work_budget > 0
         else None,
-        "numba_startup_seconds": best["startup_floor_process"] - best["command_imports_process"],
+        "numba_startup_seconds": best["numba_startup_floor_process"]
+        - best["command_imports_process"],
     }
 
 
@@ -572,15 +583,17 @@ def _best_spread(times: list[float], base: list[float]) -> dict:
 
 
 def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
-    """Interleaved, `repeat` times: `fullece aggregate` as a whole process, the
+    """Interleaved, `repeat` times: `fullece aggregate` as a whole process
+    (with the C kernels, and with numba's: the baseline of that change), the
     plain DuckDB decode-and-sum scan and DuckDB's GROUP BY class, bin (both
     timed in-process, query only, and as whole processes)."""
     stats = group_stats(run_dir)
     sql_scan, sql_group = _plain_scan_sql(run_dir), _group_by_sql(run_dir, DEFAULT_FINE_BINS_)
-    process_aggregate(run_dir)  # warm: page cache, numba's on-disk cache
+    process_aggregate(run_dir, kernels="numba")  # warm: page cache, numba's on-disk cache
     timed_aggregate(run_dir)  # and this process's kernels
-    names = ("aggregate", "aggregate_in_process", "scan", "group_by", "scan_process",
-             "group_by_process", "startup_floor_process", "command_imports_process",
+    names = ("aggregate", "aggregate_numba", "aggregate_in_process", "scan", "group_by",
+             "scan_process", "group_by_process", "startup_floor_process",
+             "numba_startup_floor_process", "command_imports_process",
              "reader_floor_process")  # fmt: skip
     runs = {k: [] for k in names}
     rss = []
@@ -588,12 +601,14 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
         a = process_aggregate(run_dir)
         runs["aggregate"].append(a["seconds"])
         rss.append(a["peak_rss_bytes"])
+        runs["aggregate_numba"].append(process_aggregate(run_dir, kernels="numba")["seconds"])
         runs["aggregate_in_process"].append(timed_aggregate(run_dir))
         runs["scan"].append(_duckdb_query(sql_scan)[0])
         runs["group_by"].append(_duckdb_query(sql_group)[0])
         runs["scan_process"].append(process_duckdb(sql_scan)["seconds"])
         runs["group_by_process"].append(process_duckdb(sql_group)["seconds"])
         runs["startup_floor_process"].append(process_startup_floor()["seconds"])
+        runs["numba_startup_floor_process"].append(process_startup_floor("numba")["seconds"])
         runs["command_imports_process"].append(python_process(COMMAND_IMPORTS)["seconds"])
         runs["reader_floor_process"].append(
             min(python_process(code)["seconds"] for code in READER_IMPORTS.values())
@@ -608,6 +623,8 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
         "ratio_to_plain_scan": _best_spread(runs["aggregate"], runs["scan"]),
         "ratio_to_group_by": _best_spread(runs["aggregate"], runs["group_by"]),
         "ratio_to_plain_scan_process": _best_spread(runs["aggregate"], runs["scan_process"]),
+        # the C kernels against numba's, both whole processes (> 1: faster)
+        "speedup_over_numba_kernels": _best_spread(runs["aggregate"], runs["aggregate_numba"]),
         # the aggregation alone (no start-up: imports and numba's kernels loaded)
         "ratio_in_process_to_plain_scan": _best_spread(runs["aggregate_in_process"], runs["scan"]),
         "target_ratio_to_plain_scan": 0.3,
@@ -623,7 +640,8 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
         f"{name}: {stats['positions']:,} positions, {stats['kept_entries'] / 1e6:.1f}M kept, "
         f"{stats['distinct_groups']:,} (class, bin) groups = "
         f"{100 * stats['groups_per_kept_entry']:.2f}% of kept entries\n"
-        f"  fullece aggregate (process) {best['aggregate']:.2f} s, peak RSS "
+        f"  fullece aggregate (process) {best['aggregate']:.2f} s (numba's kernels "
+        f"{best['aggregate_numba']:.2f} s), peak RSS "
         f"{(r['aggregate_peak_rss_bytes'] or 0) / 1e9:.2f} GB; DuckDB scan {best['scan']:.2f} s "
         f"(process {best['scan_process']:.2f} s), GROUP BY class, bin {best['group_by']:.2f} s "
         f"(process {best['group_by_process']:.2f} s)\n"
@@ -633,11 +651,12 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
         f"{r['ratio_to_plain_scan_process']['ratio']:.2f}; aggregate in-process "
         f"{best['aggregate_in_process']:.2f} s: {r['ratio_in_process_to_plain_scan']['ratio']:.2f}"
         f" of the scan; best of {repeat} interleaved\n"
-        f"  start-up floor (python, imports, numba, kernels loaded; a process) "
+        f"  start-up floor (python, imports, kernels loaded; a process) "
         f"{best['startup_floor_process']:.2f} s = "
         f"{100 * r['startup_floor_share_of_budget']:.0f}% of the "
         f"{r['process_budget_seconds']:.2f} s a process may take at 0.3 of the scan process"
-        f" (numba's part {h['numba_startup_seconds']:.2f} s)\n"
+        f" (with numba's kernels {best['numba_startup_floor_process']:.2f} s: numba's part "
+        f"{h['numba_startup_seconds']:.2f} s)\n"
         f"  headline (0.3 of the scan in-process): the process may take "
         f"{h['allowed_process_seconds']:.2f} s; the cheapest reader's imports take "
         f"{best['reader_floor_process']:.2f} s, leaving {h['work_budget_seconds']:.2f} s, of "

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -179,10 +180,12 @@ SEGMENT_CASES = [
 ]
 
 
+@pytest.mark.parametrize("kernels", ["native", "numba"])
 @pytest.mark.parametrize("keys,dtype", SEGMENT_CASES)
-def test_numpy_segment_sums_bit_identical_to_compiled(keys, dtype):
-    from pipeline.core import _group_kernel, tables
+def test_numpy_segment_sums_bit_identical_to_compiled(keys, dtype, kernels, monkeypatch):
+    from pipeline.core import _group_kernel, _native_kernels, tables
 
+    kernel = _native_kernels if kernels == "native" else _group_kernel
     rng = np.random.default_rng(keys.size)
     if dtype.startswith("float"):
         values = (rng.random(keys.size) * 10.0 ** rng.integers(-8, 8, keys.size)).astype(dtype)
@@ -192,11 +195,13 @@ def test_numpy_segment_sums_bit_identical_to_compiled(keys, dtype):
     sk = keys[order]
     starts = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
     compiled = (
-        _group_kernel.segment_sums_float(values, order, starts)
+        kernel.segment_sums_float(values, order, starts)
         if dtype.startswith("float")
-        else _group_kernel.segment_sums_int(values.astype(np.int64), order, starts)
+        else kernel.segment_sums_int(values.astype(np.int64), order, starts)
     )
-    saved = sys.modules.pop("numba")  # the numpy path runs only while numba is not loaded
+    # the numpy path runs only while numba is not loaded and the C kernels not chosen
+    monkeypatch.setenv("FULLECE_KERNELS", "numba")
+    saved = sys.modules.pop("numba")
     try:
         ours = tables._segment_sums(values, order, starts)
     finally:
@@ -241,10 +246,12 @@ def test_commands_import_nothing_heavy(run_dir, argv):
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_kernel_aggregate_imports_no_pandas_blas_or_cffi(run_dir, tmp_path):
+@pytest.mark.parametrize("kernels", ["numba", "native"])
+def test_kernel_aggregate_imports_no_pandas_blas_or_cffi(run_dir, tmp_path, kernels):
     """`fullece aggregate` on the compiled path (forced here: the run is small)
-    loads numba but not pandas, pyarrow.dataset, scipy.linalg (numba's BLAS
-    probe) nor cffi; both probed modules stay importable afterwards."""
+    loads numba (with numba's kernels; none at all with the C ones) but not
+    pandas, pyarrow.dataset, scipy.linalg (numba's BLAS probe) nor cffi; both
+    probed modules stay importable afterwards."""
     import shutil
 
     run = tmp_path / "run"  # a copy: no partial tables of other tests to reuse
@@ -262,9 +269,11 @@ def test_kernel_aggregate_imports_no_pandas_blas_or_cffi(run_dir, tmp_path):
         "import scipy.linalg.cython_blas, cffi\n"
         "print('importable')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    env = {**os.environ, "FULLECE_KERNELS": kernels}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-2:] == ["['numba']", "importable"]
+    loaded = "['numba']" if kernels == "numba" else "[]"
+    assert proc.stdout.strip().splitlines()[-2:] == [loaded, "importable"]
 
 
 def test_scores_json_is_the_positions_scan(run_dir):

@@ -20,12 +20,16 @@ def case():
     return dense_case(200, 30, seed=5, docs=12)
 
 
-@pytest.fixture(params=["kernel", "numpy"])
+@pytest.fixture(params=["native", "numba", "numpy"])
 def map_path(request, monkeypatch):
-    """The compiled kernel or the numpy pass of small runs (topk_small), forced."""
+    """The compiled kernels (C or numba's) or the numpy pass of small runs
+    (topk_small), forced."""
     from pipeline.aggregate import topk_small
 
-    monkeypatch.setattr(topk_small, "SMALL_RUN_ENTRIES", 0 if request.param == "kernel" else 10**12)
+    numpy = request.param == "numpy"
+    monkeypatch.setattr(topk_small, "SMALL_RUN_ENTRIES", 10**12 if numpy else 0)
+    if not numpy:
+        monkeypatch.setenv("FULLECE_KERNELS", request.param)
     return request.param
 
 
@@ -162,14 +166,16 @@ def test_pass_equals_the_sql_definition(tmp_path, case):
                 np.testing.assert_allclose(u, v, rtol=0, atol=1e-12, err_msg=f"{name}.{col}")
 
 
-def test_grouping_through_every_growth_path(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kernels", ["native", "numba"])
+def test_grouping_through_every_growth_path(tmp_path, monkeypatch, kernels):
     """Many class partitions, regions grown from 2 slots, the entry buffer
     emptied every few rows, seq rows grown from 4, documents interleaved and
     scratch arrays reused from shard to shard: the tables still equal the
-    metric core's."""
+    metric core's, with the C kernels and with numba's."""
     from pipeline.aggregate import topk_pass, topk_small
 
     monkeypatch.setattr(topk_small, "SMALL_RUN_ENTRIES", 0)  # the kernel, however small the run
+    monkeypatch.setenv("FULLECE_KERNELS", kernels)
     case = dense_case(360, 3000, seed=12, docs=9, scale=2.0)
     order = np.argsort(np.arange(case.n) % 5, kind="stable")  # documents split into runs
     for name in ("logits", "probs", "labels", "doc_ids", "lse"):

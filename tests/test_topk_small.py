@@ -49,13 +49,16 @@ def shard_tables(run: Path, small: bool, batch_rows: int, monkeypatch) -> list[d
 
 
 def assert_paths_agree(run: Path, monkeypatch) -> None:
-    kernel = shard_tables(run, False, 37, monkeypatch)
+    """The numpy pass, the C kernels and numba's: the same tables, bit for bit."""
     small = shard_tables(run, True, 53, monkeypatch)  # other batch boundaries
-    assert len(kernel) == len(small) > 0
-    for i, (got, want) in enumerate(zip(small, kernel, strict=True)):
-        assert got.keys() == want.keys()
-        for name in want:
-            assert_columns_identical(got[name], want[name], f"shard {i} {name}")
+    for kernels in ("native", "numba"):
+        monkeypatch.setenv("FULLECE_KERNELS", kernels)
+        kernel = shard_tables(run, False, 37, monkeypatch)
+        assert len(kernel) == len(small) > 0
+        for i, (got, want) in enumerate(zip(small, kernel, strict=True)):
+            assert got.keys() == want.keys()
+            for name in want:
+                assert_columns_identical(got[name], want[name], f"{kernels} shard {i} {name}")
         assert len(want["class_bins"]["bin"]) and len(want["seq_bins"]["bin"])
 
 
@@ -143,11 +146,14 @@ def test_aggregate_tables_bit_identical_either_path(tmp_path, monkeypatch, name)
         assert_columns_identical(tables["small"][table], tables["kernel"][table], table)
 
 
-def test_numpy_merge_of_parts_equals_the_compiled_merge(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kernels", ["native", "numba"])
+def test_numpy_merge_of_parts_equals_the_compiled_merge(tmp_path, monkeypatch, kernels):
     """The reduce's merge of several parts: numpy (small runs, numba not
-    loaded) and the compiled k-way merge give the same tables bit for bit."""
+    loaded) and the compiled k-way merge (C or numba's) give the same tables
+    bit for bit."""
     from pipeline.core import tables as core_tables
 
+    monkeypatch.setenv("FULLECE_KERNELS", kernels)
     case, kwargs = CASES["topk"]()
     run = tmp_path / "run"
     manifest = write_run(run, case, shard_rows=60, **kwargs)

@@ -491,7 +491,8 @@ main()
 def test_warm_up_compiles_every_kernel_the_map_step_uses(tmp_path, store):
     """After the warm-up, the map step of a real run adds no kernel
     specialization: its bar never waits for numba (a fresh process: fresh
-    dispatchers). The reduce's merge kernel comes after its own notice."""
+    dispatchers; numba's kernels forced: the C ones need no warm-up). The
+    reduce's merge kernel comes after its own notice."""
     run = tmp_path / "run"
     write_run(run, dense_case(n=400), store=store, k=40)
     code = f"""
@@ -511,7 +512,11 @@ shard_map.build_parts(open_runs([{str(run)!r}]), None, 1000, progress=False)
 print(json.dumps([warm, counts()]))
 """
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**_env(), "FULLECE_KERNELS": "numba"},
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stderr
     warm, after = json.loads(done.stdout)

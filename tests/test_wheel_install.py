@@ -93,14 +93,17 @@ def test_wheel_validates_and_measures_a_run_without_torch(installed, tmp_path):
             str(python),
             "-c",
             "import importlib.util as u, pipeline; "
-            "print(u.find_spec('torch') is None, u.find_spec('transformers') is None, pipeline.__file__)",
+            "from pipeline.core.native import native_kernels; "
+            "print(u.find_spec('torch') is None, u.find_spec('transformers') is None, "
+            "native_kernels(), pipeline.__file__)",
         ],
         env=env,
         cwd=tmp_path,
     )
     assert probe.returncode == 0, probe.stderr
-    no_torch, no_transformers, location = probe.stdout.split()
+    no_torch, no_transformers, native, location = probe.stdout.split()
     assert no_torch == "True" and no_transformers == "True"
+    assert native == "True", "the wheel lacks the C kernels (pipeline.core._native)"
     assert Path(location).is_relative_to(venv), f"imported from the checkout: {location}"
 
     case = dense_case(500, 30, seed=21, docs=20)

@@ -513,8 +513,12 @@ class ScoresScan:
 
         # what the scan imports, imported here first, on one thread
         modules = ["pipeline.core.floors", "pipeline.core.metrics", "pipeline.store.run"]
-        for name in modules + (["pipeline.core._floors_kernel"] if compiled else []):
+        for name in modules:
             importlib.import_module(name)
+        if compiled:
+            from pipeline.core.native import floors_kernel
+
+            floors_kernel()
 
         self._stop = threading.Event()
         self._sums = self._error = None

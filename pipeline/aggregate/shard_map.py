@@ -96,6 +96,7 @@ def start_map_read(runs: list[Run], memory_limit_bytes: int, *, with_scores: boo
     `with_scores`: the scores' columns too (see _map_batches). Returns a
     :class:`FirstRead` for :func:`build_parts`, or None (no top-k shard)."""
     from pipeline.aggregate import positions, topk_pass  # noqa: F401  (imported on this thread)
+    from pipeline.core.native import native_kernels
 
     shard = next((s for run in runs if run.store == "topk" for s in run.shards), None)
     if shard is None:
@@ -103,7 +104,7 @@ def start_map_read(runs: list[Run], memory_limit_bytes: int, *, with_scores: boo
     # pyarrow's threads decode a lone shard (as the map would) once the kernels
     # are loaded (a later aggregation in this process): nothing to hide behind
     lone = sum(len(run.shards) for run in runs) == 1
-    threads = lone and "pipeline.aggregate._topk_kernel" in sys.modules
+    threads = lone and (native_kernels() or "pipeline.aggregate._topk_kernel" in sys.modules)
     batches = _map_batches(shard, threads, with_scores=with_scores)
     return FirstRead(shard, ReadAhead(batches, max_bytes=memory_limit_bytes // _FIRST_READ_SHARE))
 
@@ -409,13 +410,15 @@ def build_parts(
     total = sum(s.rows for _, s, _ in todo)
     metas = {}
     from pipeline.aggregate.topk_small import use_small_path
+    from pipeline.core.native import native_kernels
     from pipeline.progress import notice
 
     # a small run is mapped in numpy: importing numba would cost more than it saves
     small = use_small_path(shard for _, shard, _ in topk)
-    if not small or len(topk) < len(todo):
+    numba_topk = topk and not small and not native_kernels()
+    if numba_topk or len(topk) < len(todo):
         notice("aggregate: loading the aggregation kernel (compiled on first use) ...", progress)
-    if topk and not small:
+    if numba_topk:
         from pipeline.aggregate.topk_pass import warm_up
 
         warm_up(fine_bins)

@@ -61,7 +61,14 @@ _DOC_LIMIT = 1 << 62  # doc_id * (F + 1) + bin must fit an int64
 
 
 def _kernels():
-    """The numba kernels (imported on first use; compiled once, then cached)."""
+    """The compiled kernels: C (``pipeline.core._native``) when built, else
+    numba's (imported on first use; compiled once, then cached)."""
+    from pipeline.core.native import native_kernels
+
+    if native_kernels():
+        from pipeline.aggregate import _topk_native
+
+        return _topk_native
     from pipeline.aggregate import _topk_kernel
 
     return _topk_kernel

@@ -30,8 +30,20 @@ from pipeline.core.tables import group_sum
 # (docs/performance.md, "Small runs in numpy"): the numpy pass takes 0.4-0.9 s
 # per million kept entries more than the loaded kernel, and importing numba
 # with the cached kernels 0.8-2.5 s per process: at 2M entries the numpy pass
-# costs at most about what the import saves.
-SMALL_RUN_ENTRIES = 2_000_000
+# costs at most about what the import saves. The C kernels (pipeline.core._native)
+# cost no import: with them every run takes the compiled pass. None: that
+# choice; a number forces the limit (the tests force each path).
+SMALL_RUN_ENTRIES: int | None = None
+_NUMBA_SMALL_RUN_ENTRIES = 2_000_000
+
+
+def small_run_entries() -> int:
+    """The kept entries below which a run is mapped in numpy (0: never)."""
+    if SMALL_RUN_ENTRIES is not None:
+        return SMALL_RUN_ENTRIES
+    from pipeline.core.native import native_kernels
+
+    return 0 if native_kernels() else _NUMBA_SMALL_RUN_ENTRIES
 
 
 def kept_entries_bound(shard) -> int | None:
@@ -58,9 +70,11 @@ def kept_entries_bound(shard) -> int | None:
 
 def use_small_path(shards, limit: int | None = None) -> bool:
     """Whether the top-k `shards` of one aggregation hold fewer kept entries
-    than `limit` (default SMALL_RUN_ENTRIES) together; stops reading footers
+    than `limit` (default: small_run_entries()) together; stops reading footers
     once past it."""
-    limit = SMALL_RUN_ENTRIES if limit is None else limit
+    limit = small_run_entries() if limit is None else limit
+    if limit <= 0:
+        return False
     total = 0
     for shard in shards:
         entries = kept_entries_bound(shard)

@@ -363,11 +363,11 @@ class MassSqRows:
     def add(self, offsets, probs, bin1=None) -> None:
         """Rows i = 0..n-1: probs[offsets[i]:offsets[i + 1]] (Arrow-style
         offsets from 0) and `bin1` [n] of mass in fine bin 1 (None: none)."""
-        from pipeline.core import _floors_kernel
+        from pipeline.core.native import floors_kernel
 
         offsets = np.asarray(offsets, np.int64)
         n = offsets.size - 1
-        _floors_kernel.bin_mass_sq_rows(
+        floors_kernel().bin_mass_sq_rows(
             offsets,
             np.asarray(probs, np.float32),
             np.zeros(n) if bin1 is None else np.asarray(bin1, np.float64),

@@ -107,8 +107,11 @@ _COMPILED_FROM = 1 << 24
 
 
 def _numpy_suffices(rows: int) -> bool:
-    """Whether grouping `rows` rows in numpy beats importing numba for it."""
-    return rows < _COMPILED_FROM and "numba" not in sys.modules
+    """Whether grouping `rows` rows in numpy beats importing numba for it
+    (never when the C kernels are built: they cost no import)."""
+    from pipeline.core.native import native_kernels
+
+    return rows < _COMPILED_FROM and "numba" not in sys.modules and not native_kernels()
 
 
 def _segment_sums(values, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -126,11 +129,11 @@ def _segment_sums(values, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
         segment = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, order.size]))
         weights = gathered.astype(np.float64, copy=False)
         return np.bincount(segment, weights=weights, minlength=starts.size)
-    from pipeline.core import _group_kernel
+    from pipeline.core.native import group_kernel
 
     if v.dtype.kind in "iub":
-        return _group_kernel.segment_sums_int(v.astype(np.int64, copy=False), order, starts)
-    return _group_kernel.segment_sums_float(v, order, starts)
+        return group_kernel().segment_sums_int(v.astype(np.int64, copy=False), order, starts)
+    return group_kernel().segment_sums_float(v, order, starts)
 
 
 def group_sum(keys: np.ndarray, values: dict[str, np.ndarray]):
@@ -449,11 +452,11 @@ def sparse_merge_arrow(
         # sparse_from_arrow sums a key's rows in input order, as the merge does
         return sparse_from_arrow(pa.concat_tables(tables or [_empty(name)]), name, fine_bins,
                                  vocab_size)  # fmt: skip
-    from pipeline.core import _group_kernel
+    from pipeline.core.native import group_kernel
 
     both = pa.concat_tables(tables)
     run_starts = np.cumsum([0] + [t.num_rows for t in tables], dtype=np.int64)
-    rows, ids, bins, int_sums, float_sums = _group_kernel.merge_sorted_runs(
+    rows, ids, bins, int_sums, float_sums = group_kernel().merge_sorted_runs(
         _column(both, entity, np.int64),
         _column(both, "bin", np.int32),
         run_starts,

@@ -1,0 +1,69 @@
+"""The top-k kernels of ``_topk_kernel`` with the same signatures, run by the
+C module ``pipeline.core._native`` (see ``pipeline.core.native``): the same loops
+and sums, no numba to import. Inputs are passed in the dtypes the C code
+reads (a copy only where a column arrives in another)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.aggregate import topk_format as fmt
+from pipeline.core import _native
+
+_LAYOUT = {name: int(getattr(fmt, name)) for name in _native.LAYOUT if hasattr(fmt, name)}
+_LAYOUT.update({code.name: int(code) for code in fmt.KernelCode})
+if _LAYOUT != _native.LAYOUT:  # a stale build of another layout: never run it
+    raise ImportError("pipeline.core._native was built for another table layout: reinstall")
+
+
+def _as(values, dtype) -> np.ndarray:
+    return np.ascontiguousarray(values, dtype=dtype)
+
+
+def batch(start, rows, rules, sums, buffer, documents):
+    """_topk_kernel.batch: fold rows start.. of a `BatchRows` in; (code, row)."""
+    return _native.batch(
+        int(start), int(rules.vocab), int(rules.fine_bins), float(rules.threshold),
+        int(rules.doc_limit),
+        _as(rows.ids, np.int32), _as(rows.probs, np.float32), _as(rows.offsets, np.int64),
+        _as(rows.label, np.int32), _as(rows.top1_id, np.int32),
+        _as(rows.top1_prob, np.float32), _as(rows.doc_id, np.int64),
+        _as(rows.tail_count, np.int32), _as(rows.tail_mass, np.float64),
+        _as(rows.tail_max, np.float32),
+        sums.bin1_n, sums.bin1_p_sum, sums.bin1_hits, sums.label_count, sums.top1_count,
+        sums.top1_counts, sums.top1_conf, sums.totals, sums.largest_tail,
+        *buffer, *documents,
+    )  # fmt: skip
+
+
+def flush(documents, stride):
+    """_topk_kernel.flush: the current document's bins as seq rows."""
+    _native.flush(*documents, int(stride))
+
+
+def partition(keys, probs, n, counts, out_keys, out_probs, starts):
+    _native.partition(keys, probs, int(n), counts, out_keys, out_probs, starts)
+
+
+def insert(keys, probs, starts, first, start, region_bits, table, table_f, counts):
+    """_topk_kernel.insert (`table_f`, the float view of `table`, is implied)."""
+    return _native.insert(
+        keys, probs, starts, int(first), int(start), int(region_bits), table, counts
+    )
+
+
+def rehash_regions(slots, bigger, counts, parts, region_bits):
+    _native.rehash_regions(slots, bigger, counts, int(parts), int(region_bits))
+
+
+def class_table(slots, bin1_n, bin1_hits, bin1_p, order, vocab, fine_bins):
+    """_topk_kernel.class_table: (ids, bins, n, p_sum, hits, p_mass)."""
+    used = int(np.count_nonzero(slots[:, fmt.CLASS_KEY] != fmt.EMPTY))
+    rows = used + int(np.count_nonzero(bin1_n))
+    ids, bins = np.empty(rows, np.int32), np.empty(rows, np.int32)
+    n, p_sum, hits = np.empty(rows, np.int64), np.empty(rows, np.float64), np.empty(rows, np.int64)
+    p_mass = np.zeros(int(vocab), np.float64)
+    _native.class_table(
+        slots, bin1_n, bin1_hits, bin1_p, order, int(fine_bins), ids, bins, n, p_sum, hits, p_mass
+    )
+    return ids, bins, n, p_sum, hits, p_mass

@@ -1,0 +1,1124 @@
+/* pipeline.core._native: the top-k aggregation's kernels, compiled ahead of time.
+ *
+ * The same loops as the numba kernels (pipeline/aggregate/_topk_kernel.py,
+ * pipeline/core/_floors_kernel.py, pipeline/core/_group_kernel.py), statement
+ * for statement, so the same sums in the same order: the same bits (the tests
+ * run both on the same inputs). Built at install when a C compiler is there;
+ * without it the numba kernels are used. Importing this module costs about a
+ * millisecond, where importing numba and loading its cached kernels costs
+ * about half a second per process.
+ *
+ * Arrays arrive through the buffer protocol (numpy arrays, no numpy headers);
+ * the Python wrappers (pipeline/aggregate/_topk_native.py,
+ * pipeline/core/_native_kernels.py) pass them with the dtypes checked here.
+ * Every kernel runs without the GIL. Built with -ffp-contract=off: no fused
+ * multiply-add, as numba compiles these loops.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* the layout of pipeline.aggregate.topk_format (checked on import by the wrapper) */
+enum { CODE_OK = 0, CODE_BAD_ID = 1, CODE_BAD_PROB = 2, CODE_GROW = 3, CODE_FULL = 4,
+       CODE_BAD_LABEL = 5, CODE_BAD_TOP1 = 6, CODE_BAD_TOP1_PROB = 7, CODE_BAD_DOC = 8 };
+enum { CLASS_KEY = 0, CLASS_N = 1, CLASS_HITS = 2, CLASS_P_SUM = 3, CLASS_WIDTH = 4 };
+enum { SEQ_KEY = 0, SEQ_N = 1, SEQ_HITS = 2, SEQ_TOP1_N = 3, SEQ_CORRECT = 4, SEQ_P_SUM = 5,
+       SEQ_CONF_SUM = 6, SEQ_MARKED = 7, SEQ_WIDTH = 8 };
+enum { TOP1_N = 0, TOP1_CORRECT = 1 };
+enum { MISSING_LABELS = 0, LABEL_HITS = 1, TAIL_COUNT = 2 };
+enum { CURRENT_DOC = 0, CURRENT_OPEN = 1 };
+#define EMPTY INT64_MIN
+#define KEY_MASK (~(((int64_t)1) << 31))
+
+/* ---- arrays through the buffer protocol --------------------------------- */
+
+typedef struct {
+    Py_buffer view;
+    char *ptr;
+    Py_ssize_t stride; /* bytes between elements (1-D strided) or itemsize (flat) */
+    Py_ssize_t n;      /* elements */
+    int held;
+} Arr;
+
+/* kind: 'i' signed integer, 'u' unsigned, 'f' float; flat: C-contiguous of any
+ * shape, seen as its elements in order; else 1-D, any stride */
+static int
+arr_get(PyObject *obj, char kind, Py_ssize_t itemsize, int writable, int flat, Arr *a,
+        const char *name)
+{
+    int flags = PyBUF_FORMAT | (flat ? PyBUF_C_CONTIGUOUS : PyBUF_STRIDES);
+    if (writable)
+        flags |= PyBUF_WRITABLE;
+    a->held = 0;
+    if (PyObject_GetBuffer(obj, &a->view, flags) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: expected a %s%s array", name,
+                     flat ? "C-contiguous " : "", writable ? "writable " : "");
+        return -1;
+    }
+    a->held = 1;
+    const char *f = a->view.format ? a->view.format : "B";
+    while (*f == '@' || *f == '=' || *f == '<' || *f == '>' || *f == '!')
+        f++;
+    char got = strchr("bhilqn", *f) && *f ? 'i' : strchr("BHILQN?", *f) && *f ? 'u'
+             : strchr("efd", *f) && *f ? 'f' : '?';
+    if (got != kind || f[1] != '\0' || a->view.itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: expected %s%d, got format '%s' of %zd bytes", name,
+                     kind == 'i' ? "int" : kind == 'u' ? "uint" : "float", (int)(8 * itemsize),
+                     a->view.format ? a->view.format : "B", a->view.itemsize);
+        PyBuffer_Release(&a->view);
+        a->held = 0;
+        return -1;
+    }
+    a->ptr = (char *)a->view.buf;
+    if (flat) {
+        a->n = a->view.len / itemsize;
+        a->stride = itemsize;
+    } else {
+        if (a->view.ndim != 1) {
+            PyErr_Format(PyExc_TypeError, "%s: expected a 1-D array", name);
+            PyBuffer_Release(&a->view);
+            a->held = 0;
+            return -1;
+        }
+        a->n = a->view.shape[0];
+        a->stride = a->view.strides ? a->view.strides[0] : itemsize;
+    }
+    return 0;
+}
+
+static void
+arr_release(Arr *arrs, int count)
+{
+    for (int i = 0; i < count; i++)
+        if (arrs[i].held) {
+            PyBuffer_Release(&arrs[i].view);
+            arrs[i].held = 0;
+        }
+}
+
+/* element i of a strided array */
+#define AT(a, T, i) (*(T *)((a).ptr + (Py_ssize_t)(i) * (a).stride))
+
+typedef struct {
+    char kind;
+    int size;
+    int writable;
+    int flat;
+} Spec;
+
+/* the arrays of a call from its arguments `objs` (count of them) */
+static int
+arrs_get(PyObject **objs, const Spec *spec, const char *const *names, int count, Arr *arrs)
+{
+    for (int i = 0; i < count; i++)
+        arrs[i].held = 0;
+    for (int i = 0; i < count; i++)
+        if (arr_get(objs[i], spec[i].kind, spec[i].size, spec[i].writable, spec[i].flat,
+                    &arrs[i], names[i]) < 0) {
+            arr_release(arrs, count);
+            return -1;
+        }
+    return 0;
+}
+
+static int
+check_args(Py_ssize_t nargs, Py_ssize_t want, const char *name)
+{
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments (%zd given)", name, want, nargs);
+        return -1;
+    }
+    return 0;
+}
+
+static int
+int_arg(PyObject *obj, int64_t *out)
+{
+    long long v = PyLong_AsLongLong(obj);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* ---- the top-k map: class table, seq rows -------------------------------- */
+
+static inline int64_t
+hash_of(int64_t key, int64_t mask)
+{
+    /* splitmix64's finaliser (as _topk_kernel.hash_of) */
+    uint64_t x = (uint64_t)key;
+    x = (x ^ (x >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    x = (x ^ (x >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return (int64_t)((x ^ (x >> 31)) & (uint64_t)mask);
+}
+
+static inline void
+touch(int64_t *doc, int64_t *touched, int64_t b)
+{
+    if (doc[b * SEQ_WIDTH + SEQ_MARKED] == 0) {
+        doc[b * SEQ_WIDTH + SEQ_MARKED] = 1;
+        touched[0] += 1;
+        touched[touched[0]] = b;
+    }
+}
+
+static int
+cmp_int64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void
+flush_document(int64_t *doc, int64_t *touched, int64_t *seq_rows, int64_t *seq_n,
+               const int64_t *current, int64_t stride)
+{
+    int64_t base = current[CURRENT_DOC] * stride;
+    qsort(touched + 1, (size_t)touched[0], sizeof(int64_t), cmp_int64);
+    for (int64_t t = 1; t <= touched[0]; t++) {
+        int64_t b = touched[t];
+        int64_t r = seq_n[0];
+        seq_n[0] = r + 1;
+        int64_t *row = seq_rows + r * SEQ_WIDTH;
+        int64_t *from = doc + b * SEQ_WIDTH;
+        row[SEQ_KEY] = base + b;
+        for (int col = SEQ_KEY + 1; col < SEQ_MARKED; col++)
+            row[col] = from[col];
+        memset(from, 0, SEQ_WIDTH * sizeof(int64_t));
+    }
+    touched[0] = 0;
+}
+
+static const char *const FLUSH_NAMES[] = {"seq_rows", "seq_n", "doc", "touched", "current"};
+static const Spec FLUSH_SPEC[] = {{'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1},
+                                  {'i', 8, 1, 1}, {'i', 8, 1, 1}};
+
+/* flush(seq_rows, seq_n, doc, touched, current, stride) */
+static PyObject *
+py_flush(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Arr a[5];
+    int64_t stride;
+    if (check_args(nargs, 6, "flush") < 0 || int_arg(args[5], &stride) < 0)
+        return NULL;
+    if (arrs_get((PyObject **)args, FLUSH_SPEC, FLUSH_NAMES, 5, a) < 0)
+        return NULL;
+    int64_t *seq_rows = (int64_t *)a[0].ptr, *seq_n = (int64_t *)a[1].ptr;
+    int64_t *doc = (int64_t *)a[2].ptr, *touched = (int64_t *)a[3].ptr;
+    if (seq_n[0] + touched[0] > a[0].n / SEQ_WIDTH) {
+        arr_release(a, 5);
+        PyErr_SetString(PyExc_ValueError, "flush: no room for the document's seq rows");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    flush_document(doc, touched, seq_rows, seq_n, (int64_t *)a[4].ptr, stride);
+    Py_END_ALLOW_THREADS
+    arr_release(a, 5);
+    Py_RETURN_NONE;
+}
+
+enum {
+    B_IDS, B_PROBS, B_OFFSETS, B_LABEL, B_TOP1_ID, B_TOP1_PROB, B_DOC_ID, B_TAIL_COUNT,
+    B_TAIL_MASS, B_TAIL_MAX, B_BIN1_N, B_BIN1_P, B_BIN1_HITS, B_LABEL_COUNT, B_TOP1_COUNT,
+    B_TOP1_COUNTS, B_TOP1_CONF, B_TOTALS, B_LARGEST_TAIL, B_BUF_KEYS, B_BUF_PROBS, B_BUF_N,
+    B_PART_COUNTS, B_SEQ_ROWS, B_SEQ_N, B_DOC, B_TOUCHED, B_CURRENT, B_ARRAYS
+};
+static const char *const BATCH_NAMES[] = {
+    "ids", "probs", "offsets", "label", "top1_id", "top1_prob", "doc_id", "tail_count",
+    "tail_mass", "tail_max", "bin1_n", "bin1_p_sum", "bin1_hits", "label_count", "top1_count",
+    "top1_counts", "top1_conf", "totals", "largest_tail", "buffer keys", "buffer probs",
+    "buffer used", "part_counts", "seq rows", "seq rows used", "doc", "touched", "current"};
+static const Spec BATCH_SPEC[] = {
+    {'i', 4, 0, 1}, {'f', 4, 0, 1}, {'i', 8, 0, 1}, {'i', 4, 0, 1}, {'i', 4, 0, 1},
+    {'f', 4, 0, 1}, {'i', 8, 0, 1}, {'i', 4, 0, 1}, {'f', 8, 0, 1}, {'f', 4, 0, 1},
+    {'i', 8, 1, 0}, {'f', 8, 1, 0}, {'i', 8, 1, 0}, {'i', 8, 1, 1}, {'i', 8, 1, 1},
+    {'i', 8, 1, 1}, {'f', 8, 1, 1}, {'i', 8, 1, 1}, {'f', 4, 1, 1}, {'i', 8, 1, 1},
+    {'f', 4, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1},
+    {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}};
+
+/* batch(start, vocab, fine_bins, threshold, doc_limit, *the B_* arrays)
+ * -> (code, row): _topk_kernel.batch, statement for statement */
+static PyObject *
+py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Arr a[B_ARRAYS];
+    int64_t start, vocab, fine_bins, doc_limit;
+    if (check_args(nargs, 5 + B_ARRAYS, "batch") < 0 || int_arg(args[0], &start) < 0
+        || int_arg(args[1], &vocab) < 0 || int_arg(args[2], &fine_bins) < 0)
+        return NULL;
+    double threshold = PyFloat_AsDouble(args[3]);
+    if (threshold == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (int_arg(args[4], &doc_limit) < 0)
+        return NULL;
+    if (arrs_get((PyObject **)args + 5, BATCH_SPEC, BATCH_NAMES, B_ARRAYS, a) < 0)
+        return NULL;
+    const int32_t *ids = (const int32_t *)a[B_IDS].ptr;
+    const float *probs = (const float *)a[B_PROBS].ptr;
+    const int64_t *offsets = (const int64_t *)a[B_OFFSETS].ptr;
+    const int32_t *labels = (const int32_t *)a[B_LABEL].ptr;
+    const int32_t *top1_ids = (const int32_t *)a[B_TOP1_ID].ptr;
+    const float *top1_probs = (const float *)a[B_TOP1_PROB].ptr;
+    const int64_t *doc_ids = (const int64_t *)a[B_DOC_ID].ptr;
+    const int32_t *tail_counts = (const int32_t *)a[B_TAIL_COUNT].ptr;
+    const double *tail_masses = (const double *)a[B_TAIL_MASS].ptr;
+    const float *tail_maxes = (const float *)a[B_TAIL_MAX].ptr;
+    int64_t *label_count = (int64_t *)a[B_LABEL_COUNT].ptr;
+    int64_t *top1_count = (int64_t *)a[B_TOP1_COUNT].ptr;
+    int64_t *top1_counts = (int64_t *)a[B_TOP1_COUNTS].ptr;
+    double *top1_conf = (double *)a[B_TOP1_CONF].ptr;
+    int64_t *totals = (int64_t *)a[B_TOTALS].ptr;
+    float *largest_tail = (float *)a[B_LARGEST_TAIL].ptr;
+    int64_t *buf_keys = (int64_t *)a[B_BUF_KEYS].ptr;
+    float *buf_probs = (float *)a[B_BUF_PROBS].ptr;
+    int64_t *buf_n = (int64_t *)a[B_BUF_N].ptr;
+    int64_t *part_counts = (int64_t *)a[B_PART_COUNTS].ptr;
+    int64_t *seq_rows = (int64_t *)a[B_SEQ_ROWS].ptr;
+    int64_t *seq_n = (int64_t *)a[B_SEQ_N].ptr;
+    int64_t *doc = (int64_t *)a[B_DOC].ptr;
+    int64_t *touched = (int64_t *)a[B_TOUCHED].ptr;
+    int64_t *current = (int64_t *)a[B_CURRENT].ptr;
+    double *doc_f = (double *)doc;
+    Arr bin1_n = a[B_BIN1_N], bin1_p = a[B_BIN1_P], bin1_hits = a[B_BIN1_HITS];
+    int64_t n_rows = a[B_LABEL].n, seq_capacity = a[B_SEQ_ROWS].n / SEQ_WIDTH;
+    int64_t buf_size = a[B_BUF_KEYS].n;
+    uint64_t pmask = (uint64_t)(a[B_PART_COUNTS].n - 1);
+    int64_t stride = fine_bins + 1;
+    double bins_f = (double)fine_bins;
+    int code = CODE_OK;
+    int64_t at = -1;
+    /* the sizes the loop indexes by (the wrapper's arrays have them; a
+     * mismatch here would write out of bounds) */
+    if (a[B_OFFSETS].n != n_rows + 1 || a[B_TOP1_ID].n < n_rows || a[B_TOP1_PROB].n < n_rows
+        || a[B_DOC_ID].n < n_rows || a[B_TAIL_COUNT].n < n_rows || a[B_TAIL_MASS].n < n_rows
+        || a[B_TAIL_MAX].n < n_rows || a[B_PROBS].n < a[B_IDS].n
+        || (n_rows > start && offsets[n_rows] > a[B_IDS].n) || bin1_n.n < vocab
+        || bin1_p.n < vocab || bin1_hits.n < vocab || a[B_LABEL_COUNT].n < vocab
+        || a[B_TOP1_COUNT].n < vocab || a[B_TOP1_COUNTS].n < 2 * stride
+        || a[B_TOP1_CONF].n < stride || a[B_TOTALS].n < 3 || a[B_BUF_PROBS].n < buf_size
+        || a[B_DOC].n < SEQ_WIDTH * stride || a[B_TOUCHED].n < stride + 1
+        || (pmask & (pmask + 1)) != 0) {
+        arr_release(a, B_ARRAYS);
+        PyErr_SetString(PyExc_ValueError, "batch: arrays of the wrong sizes");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = start; i < n_rows; i++) {
+        int64_t lo = offsets[i], hi = offsets[i + 1];
+        if (seq_n[0] + stride > seq_capacity) { code = CODE_GROW; at = i; break; }
+        if (buf_n[0] + hi - lo > buf_size) { code = CODE_FULL; at = i; break; }
+        int64_t label = labels[i];
+        if (label < 0 || label >= vocab) { code = CODE_BAD_LABEL; at = i; break; }
+        int64_t top1 = top1_ids[i];
+        if (top1 < 0 || top1 >= vocab) { code = CODE_BAD_TOP1; at = i; break; }
+        float q = top1_probs[i];
+        if (!(q >= 0.0f && q <= 1.0f)) { code = CODE_BAD_TOP1_PROB; at = i; break; }
+        int64_t doc_id = doc_ids[i];
+        if (doc_id < -doc_limit || doc_id > doc_limit) { code = CODE_BAD_DOC; at = i; break; }
+        if (current[CURRENT_OPEN] == 0 || doc_id != current[CURRENT_DOC]) {
+            if (current[CURRENT_OPEN])
+                flush_document(doc, touched, seq_rows, seq_n, current, stride);
+            current[CURRENT_DOC] = doc_id;
+            current[CURRENT_OPEN] = 1;
+        }
+        int64_t n1 = 0, h1 = 0, hits = 0;
+        double p1 = 0.0;
+        uint64_t eu = (uint64_t)buf_n[0];
+        int bad = CODE_OK;
+        for (int64_t j = lo; j < hi; j++) {
+            int64_t c = ids[j];
+            float v = probs[j];
+            if (c < 0 || c >= vocab) { bad = CODE_BAD_ID; break; }
+            if (!(v >= 0.0f && v <= 1.0f)) { bad = CODE_BAD_PROB; break; }
+            double v64 = (double)v;
+            int64_t hit = c == label ? 1 : 0;
+            hits += hit;
+            if (v64 <= threshold) {
+                AT(bin1_n, int64_t, c) += 1;
+                AT(bin1_p, double, c) += v64;
+                AT(bin1_hits, int64_t, c) += hit;
+                n1 += 1;
+                p1 += v64;
+                h1 += hit;
+            } else {
+                uint64_t b = (uint64_t)ceil(v64 * bins_f);
+                buf_keys[eu] = (c << 32) | (hit << 31) | (int64_t)b;
+                buf_probs[eu] = v;
+                eu += 1;
+                part_counts[(uint64_t)c & pmask] += 1;
+                int64_t *row = doc + b * SEQ_WIDTH;
+                int64_t n_b = row[SEQ_N];
+                if (n_b == 0)
+                    touch(doc, touched, (int64_t)b);
+                row[SEQ_N] = n_b + 1;
+                row[SEQ_HITS] += hit;
+                doc_f[b * SEQ_WIDTH + SEQ_P_SUM] += v64;
+            }
+        }
+        if (bad != CODE_OK) { code = bad; at = i; break; }
+        buf_n[0] = (int64_t)eu;
+        if (hits == 0)
+            totals[MISSING_LABELS] += 1;
+        totals[LABEL_HITS] += hits;
+        int64_t tc = tail_counts[i];
+        totals[TAIL_COUNT] += tc;
+        if (tail_maxes[i] > largest_tail[0])
+            largest_tail[0] = tail_maxes[i];
+        if (n1 + tc > 0) {
+            touch(doc, touched, 1);
+            doc[1 * SEQ_WIDTH + SEQ_N] += n1 + tc;
+            doc[1 * SEQ_WIDTH + SEQ_HITS] += h1;
+            doc_f[1 * SEQ_WIDTH + SEQ_P_SUM] += p1 + tail_masses[i];
+        }
+        label_count[label] += 1;
+        top1_count[top1] += 1;
+        double q64 = (double)q;
+        int64_t b = (int64_t)ceil(q64 * bins_f);
+        if (b < 1)
+            b = 1;
+        int64_t ok = top1 == label ? 1 : 0;
+        top1_counts[b * 2 + TOP1_N] += 1;
+        top1_counts[b * 2 + TOP1_CORRECT] += ok;
+        top1_conf[b] += q64;
+        touch(doc, touched, b);
+        doc[b * SEQ_WIDTH + SEQ_TOP1_N] += 1;
+        doc[b * SEQ_WIDTH + SEQ_CORRECT] += ok;
+        doc_f[b * SEQ_WIDTH + SEQ_CONF_SUM] += q64;
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, B_ARRAYS);
+    return Py_BuildValue("(iL)", code, (long long)at);
+}
+
+/* partition(keys, probs, n, counts, out_keys, out_probs, starts) */
+static const char *const PART_NAMES[] = {"keys", "probs", "counts", "out_keys", "out_probs",
+                                         "starts"};
+static const Spec PART_SPEC[] = {{'i', 8, 0, 1}, {'f', 4, 0, 1}, {'i', 8, 1, 1},
+                                 {'i', 8, 1, 1}, {'f', 4, 1, 1}, {'i', 8, 1, 1}};
+
+static PyObject *
+py_partition(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Arr a[6];
+    PyObject *objs[6];
+    int64_t n;
+    if (check_args(nargs, 7, "partition") < 0 || int_arg(args[2], &n) < 0)
+        return NULL;
+    objs[0] = args[0];
+    objs[1] = args[1];
+    for (int i = 2; i < 6; i++)
+        objs[i] = args[i + 1];
+    if (arrs_get(objs, PART_SPEC, PART_NAMES, 6, a) < 0)
+        return NULL;
+    int64_t parts = a[2].n;
+    if (n < 0 || n > a[0].n || n > a[1].n || n > a[3].n || n > a[4].n || a[5].n < parts + 1
+        || parts < 1 || (parts & (parts - 1)) != 0) {
+        arr_release(a, 6);
+        PyErr_SetString(PyExc_ValueError, "partition: arrays of the wrong sizes");
+        return NULL;
+    }
+    const int64_t *keys = (const int64_t *)a[0].ptr;
+    const float *probs = (const float *)a[1].ptr;
+    int64_t *counts = (int64_t *)a[2].ptr, *out_keys = (int64_t *)a[3].ptr;
+    float *out_probs = (float *)a[4].ptr;
+    int64_t *starts = (int64_t *)a[5].ptr;
+    uint64_t *fill = (uint64_t *)malloc((size_t)parts * sizeof(uint64_t));
+    if (fill == NULL) {
+        arr_release(a, 6);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    starts[0] = 0;
+    for (int64_t q = 0; q < parts; q++)
+        starts[q + 1] = starts[q] + counts[q];
+    for (int64_t q = 0; q < parts; q++)
+        fill[q] = (uint64_t)starts[q];
+    memset(counts, 0, (size_t)parts * sizeof(int64_t));
+    uint64_t mask = (uint64_t)(parts - 1);
+    for (uint64_t e = 0; e < (uint64_t)n; e++) {
+        int64_t key = keys[e];
+        uint64_t q = (uint64_t)(key >> 32) & mask;
+        uint64_t d = fill[q];
+        fill[q] = d + 1;
+        out_keys[d] = key;
+        out_probs[d] = probs[e];
+    }
+    Py_END_ALLOW_THREADS
+    free(fill);
+    arr_release(a, 6);
+    Py_RETURN_NONE;
+}
+
+/* insert(keys, probs, starts, first, start, region_bits, table, counts) -> (code, q, e) */
+static const char *const INSERT_NAMES[] = {"keys", "probs", "starts", "table", "counts"};
+static const Spec INSERT_SPEC[] = {{'i', 8, 0, 1}, {'f', 4, 0, 1}, {'i', 8, 0, 1},
+                                   {'i', 8, 1, 1}, {'i', 8, 1, 1}};
+
+static PyObject *
+py_insert(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Arr a[5];
+    PyObject *objs[5];
+    int64_t first, start, region_bits;
+    if (check_args(nargs, 8, "insert") < 0 || int_arg(args[3], &first) < 0
+        || int_arg(args[4], &start) < 0 || int_arg(args[5], &region_bits) < 0)
+        return NULL;
+    objs[0] = args[0];
+    objs[1] = args[1];
+    objs[2] = args[2];
+    objs[3] = args[6];
+    objs[4] = args[7];
+    if (arrs_get(objs, INSERT_SPEC, INSERT_NAMES, 5, a) < 0)
+        return NULL;
+    const int64_t *keys = (const int64_t *)a[0].ptr;
+    const float *probs = (const float *)a[1].ptr;
+    const int64_t *starts = (const int64_t *)a[2].ptr;
+    int64_t *table = (int64_t *)a[3].ptr, *counts = (int64_t *)a[4].ptr;
+    double *table_f = (double *)table;
+    int64_t parts = a[2].n - 1;
+    if (parts < 1 || a[4].n < parts || region_bits < 0 || region_bits > 40
+        || a[3].n < (parts << region_bits) * CLASS_WIDTH || starts[parts] > a[0].n
+        || starts[parts] > a[1].n || first < 0) {
+        arr_release(a, 5);
+        PyErr_SetString(PyExc_ValueError, "insert: arrays of the wrong sizes");
+        return NULL;
+    }
+    int code = CODE_OK;
+    int64_t at_q = 0, at_e = 0;
+    Py_BEGIN_ALLOW_THREADS
+    uint64_t mask = ((uint64_t)1 << region_bits) - 1;
+    int64_t full = (((int64_t)3) << region_bits) >> 2;
+    for (int64_t q = first; q < parts && code == CODE_OK; q++) {
+        uint64_t base = (uint64_t)q << region_bits;
+        int64_t from = start > starts[q] ? start : starts[q];
+        for (int64_t e = from; e < starts[q + 1]; e++) {
+            int64_t raw = keys[e];
+            int64_t key = raw & KEY_MASK;
+            uint64_t h = (uint64_t)hash_of(key, (int64_t)mask);
+            uint64_t s;
+            for (;;) {
+                s = (base + h) * CLASS_WIDTH;
+                int64_t k = table[s];
+                if (k == key)
+                    break;
+                if (k == EMPTY) {
+                    if (counts[q] >= full) {
+                        code = CODE_GROW;
+                        break;
+                    }
+                    table[s] = key;
+                    counts[q] += 1;
+                    break;
+                }
+                h = (h + 1) & mask;
+            }
+            if (code != CODE_OK) {
+                at_q = q;
+                at_e = e;
+                break;
+            }
+            table[s + CLASS_N] += 1;
+            table[s + CLASS_HITS] += (raw >> 31) & 1;
+            table_f[s + CLASS_P_SUM] += (double)probs[e];
+        }
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 5);
+    return Py_BuildValue("(iLL)", code, (long long)at_q, (long long)at_e);
+}
+
+/* rehash_regions(slots, bigger, counts, parts, region_bits) */
+static const char *const REHASH_NAMES[] = {"slots", "bigger", "counts"};
+static const Spec REHASH_SPEC[] = {{'i', 8, 0, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}};
+
+static PyObject *
+py_rehash_regions(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Arr a[3];
+    int64_t parts, region_bits;
+    if (check_args(nargs, 5, "rehash_regions") < 0 || int_arg(args[3], &parts) < 0
+        || int_arg(args[4], &region_bits) < 0)
+        return NULL;
+    if (arrs_get((PyObject **)args, REHASH_SPEC, REHASH_NAMES, 3, a) < 0)
+        return NULL;
+    if (parts < 1 || region_bits < 0 || region_bits > 40 || a[2].n < parts
+        || a[1].n < (parts << region_bits) * CLASS_WIDTH) {
+        arr_release(a, 3);
+        PyErr_SetString(PyExc_ValueError, "rehash_regions: arrays of the wrong sizes");
+        return NULL;
+    }
+    const int64_t *slots = (const int64_t *)a[0].ptr;
+    int64_t *bigger = (int64_t *)a[1].ptr, *counts = (int64_t *)a[2].ptr;
+    int64_t rows = a[0].n / CLASS_WIDTH;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t mask = (((int64_t)1) << region_bits) - 1;
+    memset(counts, 0, (size_t)parts * sizeof(int64_t));
+    for (int64_t s = 0; s < rows; s++) {
+        int64_t key = slots[s * CLASS_WIDTH + CLASS_KEY];
+        if (key == EMPTY)
+            continue;
+        int64_t q = (key >> 32) & (parts - 1);
+        int64_t base = q << region_bits;
+        int64_t h = hash_of(key, mask);
+        while (bigger[(base + h) * CLASS_WIDTH + CLASS_KEY] != EMPTY)
+            h = (h + 1) & mask;
+        memcpy(bigger + (base + h) * CLASS_WIDTH, slots + s * CLASS_WIDTH,
+               CLASS_WIDTH * sizeof(int64_t));
+        counts[q] += 1;
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 3);
+    Py_RETURN_NONE;
+}
+
+/* class_table(slots, bin1_n, bin1_hits, bin1_p, order, fine_bins,
+ *             ids, bins, n, p_sum, hits, p_mass) -> rows:
+ * _topk_kernel.class_table into outputs the caller sized (rows = classes with
+ * bin1_n != 0 plus used slots; p_mass zeroed, K long) */
+static const char *const TABLE_NAMES[] = {"slots", "bin1_n", "bin1_hits", "bin1_p",
+                                          "order", "ids", "bins", "n", "p_sum", "hits",
+                                          "p_mass"};
+static const Spec TABLE_SPEC[] = {{'i', 8, 0, 1}, {'i', 8, 0, 0}, {'i', 8, 0, 0},
+                                  {'f', 8, 0, 0}, {'i', 8, 1, 1}, {'i', 4, 1, 1},
+                                  {'i', 4, 1, 1}, {'i', 8, 1, 1}, {'f', 8, 1, 1},
+                                  {'i', 8, 1, 1}, {'f', 8, 1, 1}};
+
+static PyObject *
+py_class_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Arr a[11];
+    PyObject *objs[11];
+    int64_t fine_bins;
+    if (check_args(nargs, 12, "class_table") < 0 || int_arg(args[5], &fine_bins) < 0)
+        return NULL;
+    for (int i = 0; i < 5; i++)
+        objs[i] = args[i];
+    for (int i = 5; i < 11; i++)
+        objs[i] = args[i + 1];
+    if (arrs_get(objs, TABLE_SPEC, TABLE_NAMES, 11, a) < 0)
+        return NULL;
+    Arr bin1_n = a[1], bin1_hits = a[2], bin1_p = a[3];
+    int64_t vocab = a[10].n, n_slots = a[0].n / CLASS_WIDTH;
+    int64_t out_rows = a[5].n;
+    if (bin1_n.n < vocab || bin1_hits.n < vocab || bin1_p.n < vocab || fine_bins < 1
+        || a[6].n != out_rows || a[7].n != out_rows || a[8].n != out_rows
+        || a[9].n != out_rows) {
+        arr_release(a, 11);
+        PyErr_SetString(PyExc_ValueError, "class_table: arrays of the wrong sizes");
+        return NULL;
+    }
+    const int64_t *slots = (const int64_t *)a[0].ptr;
+    const double *slots_f = (const double *)a[0].ptr;
+    int64_t *order = (int64_t *)a[4].ptr;
+    int32_t *ids = (int32_t *)a[5].ptr, *bins = (int32_t *)a[6].ptr;
+    int64_t *n = (int64_t *)a[7].ptr, *hits = (int64_t *)a[9].ptr;
+    double *p_sum = (double *)a[8].ptr, *p_mass = (double *)a[10].ptr;
+    int64_t *per_class = (int64_t *)calloc((size_t)vocab + 1, sizeof(int64_t));
+    int64_t *per_bin = (int64_t *)calloc((size_t)fine_bins + 2, sizeof(int64_t));
+    if (per_class == NULL || per_bin == NULL) {
+        free(per_class);
+        free(per_bin);
+        arr_release(a, 11);
+        return PyErr_NoMemory();
+    }
+    int64_t rows = -1;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t used = 0;
+    for (int64_t c = 0; c < vocab; c++)
+        if (AT(bin1_n, int64_t, c) != 0)
+            per_class[c + 1] += 1;
+    for (int64_t s = 0; s < n_slots; s++) {
+        int64_t key = slots[s * CLASS_WIDTH + CLASS_KEY];
+        if (key != EMPTY) {
+            per_class[(key >> 32) + 1] += 1;
+            per_bin[(key & 0xFFFFFFFF) + 1] += 1;
+            used += 1;
+        }
+    }
+    for (int64_t c = 0; c < vocab; c++)
+        per_class[c + 1] += per_class[c];
+    if (per_class[vocab] == out_rows && used <= a[4].n) {
+        rows = out_rows;
+        for (int64_t b = 0; b < fine_bins + 1; b++)
+            per_bin[b + 1] += per_bin[b];
+        for (int64_t s = 0; s < n_slots; s++) {
+            int64_t key = slots[s * CLASS_WIDTH + CLASS_KEY];
+            if (key != EMPTY) {
+                int64_t b = key & 0xFFFFFFFF;
+                order[per_bin[b]] = s;
+                per_bin[b] += 1;
+            }
+        }
+        for (int64_t c = 0; c < vocab; c++) { /* bin 1 first: table rows hold bins >= 2 */
+            if (AT(bin1_n, int64_t, c) != 0) {
+                int64_t r = per_class[c];
+                per_class[c] = r + 1;
+                ids[r] = (int32_t)c;
+                bins[r] = 1;
+                n[r] = AT(bin1_n, int64_t, c);
+                p_sum[r] = AT(bin1_p, double, c);
+                hits[r] = AT(bin1_hits, int64_t, c);
+                p_mass[c] += AT(bin1_p, double, c);
+            }
+        }
+        for (int64_t t = 0; t < per_bin[fine_bins + 1]; t++) {
+            int64_t s = order[t];
+            int64_t key = slots[s * CLASS_WIDTH + CLASS_KEY];
+            int64_t c = key >> 32;
+            int64_t r = per_class[c];
+            per_class[c] = r + 1;
+            ids[r] = (int32_t)c;
+            bins[r] = (int32_t)(key & 0xFFFFFFFF);
+            n[r] = slots[s * CLASS_WIDTH + CLASS_N];
+            hits[r] = slots[s * CLASS_WIDTH + CLASS_HITS];
+            p_sum[r] = slots_f[s * CLASS_WIDTH + CLASS_P_SUM];
+            p_mass[c] += slots_f[s * CLASS_WIDTH + CLASS_P_SUM];
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(per_class);
+    free(per_bin);
+    arr_release(a, 11);
+    if (rows < 0) {
+        PyErr_SetString(PyExc_ValueError, "class_table: outputs sized for another table");
+        return NULL;
+    }
+    return PyLong_FromLongLong((long long)rows);
+}
+
+/* ---- Σ_i q_im² (pipeline.core.floors) ----------------------------------- */
+
+/* bin_mass_sq_rows(offsets, probs, bin1, fine_bins, threshold, grids, source, out):
+ * _floors_kernel.bin_mass_sq_rows, out an (n_grids, width) float64 array */
+static const char *const FLOORS_NAMES[] = {"offsets", "probs", "bin1", "grids", "source",
+                                           "out"};
+static const Spec FLOORS_SPEC[] = {{'i', 8, 0, 1}, {'f', 4, 0, 1}, {'f', 8, 0, 1},
+                                   {'i', 8, 0, 1}, {'i', 8, 0, 1}, {'f', 8, 1, 1}};
+
+static PyObject *
+py_bin_mass_sq_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Arr a[6];
+    PyObject *objs[6] = {args[0], args[1], args[2], NULL, NULL, NULL};
+    int64_t fine_bins;
+    if (check_args(nargs, 8, "bin_mass_sq_rows") < 0 || int_arg(args[3], &fine_bins) < 0)
+        return NULL;
+    double threshold = PyFloat_AsDouble(args[4]);
+    if (threshold == -1.0 && PyErr_Occurred())
+        return NULL;
+    objs[3] = args[5];
+    objs[4] = args[6];
+    objs[5] = args[7];
+    if (arrs_get(objs, FLOORS_SPEC, FLOORS_NAMES, 6, a) < 0)
+        return NULL;
+    const int64_t *offsets = (const int64_t *)a[0].ptr;
+    const float *probs = (const float *)a[1].ptr;
+    const double *bin1 = (const double *)a[2].ptr;
+    const int64_t *grids = (const int64_t *)a[3].ptr, *source = (const int64_t *)a[4].ptr;
+    double *out = (double *)a[5].ptr;
+    int64_t n = a[0].n - 1, n_grids = a[3].n;
+    int64_t out_width = n_grids > 0 ? a[5].n / n_grids : 0;
+    int bad = n < 0 || a[2].n < n || a[4].n < n_grids || n_grids < 1 || fine_bins < 1
+              || grids[0] != fine_bins || a[5].n != n_grids * out_width
+              || (n > 0 && offsets[n] > a[1].n);
+    for (int64_t g = 1; !bad && g < n_grids; g++)
+        bad = source[g] < 0 || source[g] >= g || grids[g] < 1 || grids[g] > out_width
+              || grids[source[g]] % grids[g] != 0;
+    if (bad) {
+        arr_release(a, 6);
+        PyErr_SetString(PyExc_ValueError, "bin_mass_sq_rows: arrays of the wrong sizes");
+        return NULL;
+    }
+    int64_t width = 1;
+    for (int64_t r = 0; r < n; r++)
+        if (offsets[r + 1] - offsets[r] + 1 > width)
+            width = offsets[r + 1] - offsets[r] + 1;
+    if (width > fine_bins + 1)
+        width = fine_bins + 1; /* distinct fine bins of a row */
+    int64_t words = (fine_bins >> 6) + 1;
+    double *fine_sum = (double *)calloc((size_t)fine_bins + 1, sizeof(double));
+    int64_t *seen_in_row = (int64_t *)malloc(((size_t)fine_bins + 1) * sizeof(int64_t));
+    uint64_t *seen_bits = (uint64_t *)calloc((size_t)words, sizeof(uint64_t));
+    int64_t *touched = (int64_t *)malloc((size_t)width * sizeof(int64_t));
+    int64_t *group_bin = (int64_t *)malloc((size_t)(n_grids * width) * sizeof(int64_t));
+    double *group_q = (double *)malloc((size_t)(n_grids * width) * sizeof(double));
+    int64_t *count = (int64_t *)calloc((size_t)n_grids, sizeof(int64_t));
+    int64_t *coarse_of = (int64_t *)calloc((size_t)(n_grids * (fine_bins + 1)), sizeof(int64_t));
+    if (!fine_sum || !seen_in_row || !seen_bits || !touched || !group_bin || !group_q || !count
+        || !coarse_of) {
+        free(fine_sum); free(seen_in_row); free(seen_bits); free(touched);
+        free(group_bin); free(group_q); free(count); free(coarse_of);
+        arr_release(a, 6);
+        return PyErr_NoMemory();
+    }
+    int out_of_range = 0;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t stride = fine_bins + 1;
+    for (int64_t b = 0; b <= fine_bins; b++)
+        seen_in_row[b] = -1;
+    /* the bin of grid g holding bin b of its source grid: looked up, not divided */
+    for (int64_t g = 1; g < n_grids; g++) {
+        int64_t ratio = grids[source[g]] / grids[g];
+        for (int64_t b = 1; b <= grids[source[g]]; b++)
+            coarse_of[g * stride + b] = (b + ratio - 1) / ratio;
+    }
+    double bins_f = (double)fine_bins;
+    for (int64_t r = 0; r < n && !out_of_range; r++) {
+        double low = 0.0;
+        int64_t h = 0;
+        for (uint64_t t = (uint64_t)offsets[r]; t < (uint64_t)offsets[r + 1]; t++) {
+            float v = probs[t];
+            if ((double)v > threshold) {
+                uint64_t level = (uint64_t)ceil((double)v * bins_f);
+                if (level > (uint64_t)fine_bins) { /* p > 1: the callers check first */
+                    out_of_range = 1;
+                    break;
+                }
+                if (seen_in_row[level] != r) { /* a new fine bin: its sum starts at 0.0 */
+                    seen_in_row[level] = r;
+                    fine_sum[level] = 0.0;
+                    seen_bits[level >> 6] |= (uint64_t)1 << (level & 63);
+                    h += 1;
+                }
+                fine_sum[level] += (double)v;
+            } else {
+                low += (double)v;
+            }
+        }
+        if (out_of_range)
+            break;
+        low += bin1[r];
+        if (h) { /* the distinct fine bins in ascending order, the bits cleared */
+            int64_t i = 0;
+            for (int64_t w = 0; w < words; w++) {
+                uint64_t word = seen_bits[w];
+                while (word) {
+                    touched[i++] = (w << 6) + (int64_t)__builtin_ctzll(word);
+                    word &= word - 1;
+                }
+                seen_bits[w] = 0;
+            }
+        }
+        group_bin[0] = 1; /* grid 0 (F): bin 1 holds the low mass, then a group per fine bin */
+        group_q[0] = low;
+        for (int64_t i = 0; i < h; i++) {
+            int64_t level = touched[i];
+            group_bin[i + 1] = level;
+            group_q[i + 1] = fine_sum[level];
+        }
+        count[0] = h + 1;
+        for (int64_t g = 1; g < n_grids; g++) {
+            int64_t src = source[g], groups = count[src], c = 0, i = 0;
+            const int64_t *coarse_g = coarse_of + g * stride;
+            const int64_t *src_bin = group_bin + src * width;
+            const double *src_q = group_q + src * width;
+            while (i < groups) {
+                int64_t coarse = coarse_g[src_bin[i]];
+                double q = 0.0;
+                while (i < groups && coarse_g[src_bin[i]] == coarse) {
+                    q += src_q[i];
+                    i++;
+                }
+                group_bin[g * width + c] = coarse;
+                group_q[g * width + c] = q;
+                out[g * out_width + coarse - 1] += q * q;
+                c++;
+            }
+            count[g] = c;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(fine_sum); free(seen_in_row); free(seen_bits); free(touched);
+    free(group_bin); free(group_q); free(count); free(coarse_of);
+    arr_release(a, 6);
+    if (out_of_range) {
+        PyErr_SetString(PyExc_ValueError, "bin_mass_sq_rows: a probability above 1");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* ---- group sums (pipeline.core.tables) ---------------------------------- */
+
+/* segment_sums(values, order, starts, out): out[g] = Σ values[order[t]] over
+ * segment g, in order; values int64 (out int64) or float32/float64 (out float64) */
+static PyObject *
+py_segment_sums(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    static const char *const names[] = {"order", "starts"};
+    static const Spec spec[] = {{'i', 8, 0, 1}, {'i', 8, 0, 1}};
+    Arr idx[2], values, out;
+    if (check_args(nargs, 4, "segment_sums") < 0)
+        return NULL;
+    PyObject *objs[2] = {args[1], args[2]};
+    if (arrs_get(objs, spec, names, 2, idx) < 0)
+        return NULL;
+    int is_int = arr_get(args[0], 'i', 8, 0, 1, &values, "values") == 0;
+    int is_f32 = 0;
+    if (!is_int) {
+        PyErr_Clear();
+        is_f32 = arr_get(args[0], 'f', 4, 0, 1, &values, "values") == 0;
+        if (!is_f32) {
+            PyErr_Clear();
+            if (arr_get(args[0], 'f', 8, 0, 1, &values, "values (int64, float32 or float64)")
+                < 0) {
+                arr_release(idx, 2);
+                return NULL;
+            }
+        }
+    }
+    if (arr_get(args[3], is_int ? 'i' : 'f', 8, 1, 1, &out, "out") < 0) {
+        arr_release(&values, 1);
+        arr_release(idx, 2);
+        return NULL;
+    }
+    const int64_t *order = (const int64_t *)idx[0].ptr, *starts = (const int64_t *)idx[1].ptr;
+    int64_t groups = idx[1].n, total = idx[0].n;
+    int bad = out.n != groups;
+    for (int64_t g = 0; !bad && g < groups; g++) {
+        int64_t end = g + 1 < groups ? starts[g + 1] : total;
+        bad = starts[g] < 0 || end > total || starts[g] > end;
+    }
+    for (int64_t t = 0; !bad && t < total; t++)
+        bad = order[t] < 0 || order[t] >= values.n;
+    if (bad) {
+        arr_release(&out, 1);
+        arr_release(&values, 1);
+        arr_release(idx, 2);
+        PyErr_SetString(PyExc_ValueError, "segment_sums: arrays of the wrong sizes");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t g = 0; g < groups; g++) {
+        int64_t end = g + 1 < groups ? starts[g + 1] : total;
+        if (is_int) {
+            int64_t sum = 0;
+            for (int64_t t = starts[g]; t < end; t++)
+                sum += ((const int64_t *)values.ptr)[order[t]];
+            ((int64_t *)out.ptr)[g] = sum;
+        } else {
+            double sum = 0.0;
+            for (int64_t t = starts[g]; t < end; t++)
+                sum += is_f32 ? (double)((const float *)values.ptr)[order[t]]
+                              : ((const double *)values.ptr)[order[t]];
+            ((double *)out.ptr)[g] = sum;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(&out, 1);
+    arr_release(&values, 1);
+    arr_release(idx, 2);
+    Py_RETURN_NONE;
+}
+
+/* merge_sorted_runs(ids, bins, run_starts, stride, ints, floats, out_ids,
+ * out_bins, out_ints, out_floats) -> rows out, or -1 when a run is not
+ * strictly increasing: _group_kernel.merge_sorted_runs into outputs the caller
+ * sized (every input row; out_ints / out_floats: (columns, rows) arrays) */
+static PyObject *
+py_merge_sorted_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    static const char *const names[] = {"ids", "bins", "run_starts", "out_ids", "out_bins",
+                                        "out_ints", "out_floats"};
+    static const Spec spec[] = {{'i', 8, 0, 1}, {'i', 4, 0, 1}, {'i', 8, 0, 1}, {'i', 8, 1, 1},
+                                {'i', 4, 1, 1}, {'i', 8, 1, 1}, {'f', 8, 1, 1}};
+    Arr a[7];
+    int64_t stride;
+    if (check_args(nargs, 10, "merge_sorted_runs") < 0 || int_arg(args[3], &stride) < 0)
+        return NULL;
+    if (!PyTuple_Check(args[4]) || !PyTuple_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "merge_sorted_runs: ints and floats are tuples");
+        return NULL;
+    }
+    Py_ssize_t n_ints = PyTuple_GET_SIZE(args[4]), n_floats = PyTuple_GET_SIZE(args[5]);
+    PyObject *objs[7] = {args[0], args[1], args[2], args[6], args[7], args[8], args[9]};
+    if (arrs_get(objs, spec, names, 7, a) < 0)
+        return NULL;
+    Arr *cols = (Arr *)calloc((size_t)(n_ints + n_floats) + 1, sizeof(Arr));
+    if (cols == NULL) {
+        arr_release(a, 7);
+        return PyErr_NoMemory();
+    }
+    int got = 0, ok = 1;
+    for (Py_ssize_t c = 0; ok && c < n_ints + n_floats; c++) {
+        int is_int = c < n_ints;
+        PyObject *col = PyTuple_GET_ITEM(args[is_int ? 4 : 5], is_int ? c : c - n_ints);
+        ok = arr_get(col, is_int ? 'i' : 'f', 8, 0, 1, &cols[c], is_int ? "ints" : "floats") == 0;
+        got += ok;
+    }
+    int64_t k = a[2].n - 1;
+    const int64_t *run_starts = (const int64_t *)a[2].ptr;
+    int64_t total = k >= 0 ? run_starts[k] : 0;
+    if (ok) {
+        ok = k >= 0 && total <= a[0].n && total <= a[1].n && a[3].n >= total && a[4].n >= total
+             && a[5].n == n_ints * total && a[6].n == n_floats * total;
+        for (Py_ssize_t c = 0; ok && c < n_ints + n_floats; c++)
+            ok = cols[c].n >= total;
+        for (int64_t r = 0; ok && r < k; r++)
+            ok = run_starts[r] >= 0 && run_starts[r] <= run_starts[r + 1];
+        if (!ok)
+            PyErr_SetString(PyExc_ValueError, "merge_sorted_runs: arrays of the wrong sizes");
+    }
+    int64_t *heap_key = NULL, *heap_run = NULL, *pos = NULL;
+    if (ok) {
+        heap_key = (int64_t *)malloc((size_t)(k + 1) * sizeof(int64_t));
+        heap_run = (int64_t *)malloc((size_t)(k + 1) * sizeof(int64_t));
+        pos = (int64_t *)malloc((size_t)(k + 1) * sizeof(int64_t));
+        if (!heap_key || !heap_run || !pos) {
+            ok = 0;
+            PyErr_NoMemory();
+        }
+    }
+    int64_t result = -1;
+    if (ok) {
+        const int64_t *ids = (const int64_t *)a[0].ptr;
+        const int32_t *bins = (const int32_t *)a[1].ptr;
+        int64_t *out_ids = (int64_t *)a[3].ptr, *out_ints = (int64_t *)a[5].ptr;
+        int32_t *out_bins = (int32_t *)a[4].ptr;
+        double *out_floats = (double *)a[6].ptr;
+        Py_BEGIN_ALLOW_THREADS
+        int64_t size = 0;
+        for (int64_t r = 0; r < k; r++) { /* every run's first row onto the heap */
+            pos[r] = run_starts[r];
+            if (pos[r] < run_starts[r + 1]) {
+                int64_t key = ids[pos[r]] * stride + bins[pos[r]];
+                int64_t c = size++;
+                while (c > 0) {
+                    int64_t parent = (c - 1) >> 1;
+                    if (heap_key[parent] < key || (heap_key[parent] == key && heap_run[parent] < r))
+                        break;
+                    heap_key[c] = heap_key[parent];
+                    heap_run[c] = heap_run[parent];
+                    c = parent;
+                }
+                heap_key[c] = key;
+                heap_run[c] = r;
+            }
+        }
+        int64_t m = -1, last = 0;
+        int broken = 0;
+        while (size > 0) {
+            int64_t key = heap_key[0], r = heap_run[0], i = pos[r];
+            if (m < 0 || key != last) {
+                m += 1;
+                last = key;
+                out_ids[m] = ids[i];
+                out_bins[m] = bins[i];
+                for (Py_ssize_t c = 0; c < n_ints; c++)
+                    out_ints[c * total + m] = ((const int64_t *)cols[c].ptr)[i];
+                for (Py_ssize_t c = 0; c < n_floats; c++)
+                    out_floats[c * total + m] = ((const double *)cols[n_ints + c].ptr)[i];
+            } else {
+                for (Py_ssize_t c = 0; c < n_ints; c++)
+                    out_ints[c * total + m] += ((const int64_t *)cols[c].ptr)[i];
+                for (Py_ssize_t c = 0; c < n_floats; c++)
+                    out_floats[c * total + m] += ((const double *)cols[n_ints + c].ptr)[i];
+            }
+            pos[r] = i + 1;
+            int64_t new_key, new_run;
+            if (pos[r] < run_starts[r + 1]) { /* the run's next row replaces the top */
+                new_key = ids[pos[r]] * stride + bins[pos[r]];
+                if (new_key <= key) {
+                    broken = 1;
+                    break;
+                }
+                new_run = r;
+            } else { /* or the last heap entry does */
+                size -= 1;
+                new_key = heap_key[size];
+                new_run = heap_run[size];
+            }
+            int64_t c = 0;
+            for (;;) { /* sift down */
+                int64_t child = 2 * c + 1;
+                if (child >= size)
+                    break;
+                if (child + 1 < size
+                    && (heap_key[child + 1] < heap_key[child]
+                        || (heap_key[child + 1] == heap_key[child]
+                            && heap_run[child + 1] < heap_run[child])))
+                    child += 1;
+                if (heap_key[child] > new_key
+                    || (heap_key[child] == new_key && heap_run[child] > new_run))
+                    break;
+                heap_key[c] = heap_key[child];
+                heap_run[c] = heap_run[child];
+                c = child;
+            }
+            if (size > 0) {
+                heap_key[c] = new_key;
+                heap_run[c] = new_run;
+            }
+        }
+        result = broken ? -1 : m + 1;
+        Py_END_ALLOW_THREADS
+    }
+    free(heap_key);
+    free(heap_run);
+    free(pos);
+    arr_release(cols, got);
+    free(cols);
+    arr_release(a, 7);
+    if (!ok)
+        return NULL;
+    return PyLong_FromLongLong((long long)result);
+}
+
+/* ---- the module ----------------------------------------------------------- */
+
+static PyMethodDef methods[] = {
+    {"batch", (PyCFunction)(void (*)(void))py_batch, METH_FASTCALL, "The top-k map's batch."},
+    {"flush", (PyCFunction)(void (*)(void))py_flush, METH_FASTCALL, "A document's seq rows."},
+    {"partition", (PyCFunction)(void (*)(void))py_partition, METH_FASTCALL,
+     "Buffered entries by class partition."},
+    {"insert", (PyCFunction)(void (*)(void))py_insert, METH_FASTCALL,
+     "Ordered entries into the class table."},
+    {"rehash_regions", (PyCFunction)(void (*)(void))py_rehash_regions, METH_FASTCALL,
+     "The class table into a larger one."},
+    {"class_table", (PyCFunction)(void (*)(void))py_class_table, METH_FASTCALL,
+     "class_bins' columns in (class, bin) order."},
+    {"bin_mass_sq_rows", (PyCFunction)(void (*)(void))py_bin_mass_sq_rows, METH_FASTCALL,
+     "Full-ECE's noise floor sums."},
+    {"segment_sums", (PyCFunction)(void (*)(void))py_segment_sums, METH_FASTCALL,
+     "Sums over segments of gathered values."},
+    {"merge_sorted_runs", (PyCFunction)(void (*)(void))py_merge_sorted_runs, METH_FASTCALL,
+     "A k-way merge of runs in key order."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "pipeline.core._native",
+                                    "The top-k aggregation's kernels in C (see _native.c).", -1,
+                                    methods};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    /* the layout compiled in: the wrapper compares it with topk_format's */
+    PyObject *layout = Py_BuildValue(
+        "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,"
+        "s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:L}",
+        "OK", CODE_OK, "BAD_ID", CODE_BAD_ID, "BAD_PROB", CODE_BAD_PROB, "GROW", CODE_GROW,
+        "FULL", CODE_FULL, "BAD_LABEL", CODE_BAD_LABEL, "BAD_TOP1", CODE_BAD_TOP1,
+        "BAD_TOP1_PROB", CODE_BAD_TOP1_PROB, "BAD_DOC", CODE_BAD_DOC, "CLASS_KEY", CLASS_KEY,
+        "CLASS_N", CLASS_N, "CLASS_HITS", CLASS_HITS, "CLASS_P_SUM", CLASS_P_SUM,
+        "CLASS_WIDTH", CLASS_WIDTH, "SEQ_KEY", SEQ_KEY, "SEQ_N", SEQ_N, "SEQ_HITS", SEQ_HITS,
+        "SEQ_TOP1_N", SEQ_TOP1_N, "SEQ_CORRECT", SEQ_CORRECT, "SEQ_P_SUM", SEQ_P_SUM,
+        "SEQ_CONF_SUM", SEQ_CONF_SUM, "SEQ_MARKED", SEQ_MARKED, "SEQ_WIDTH", SEQ_WIDTH,
+        "TOP1_N", TOP1_N, "TOP1_CORRECT", TOP1_CORRECT, "MISSING_LABELS", MISSING_LABELS,
+        "LABEL_HITS", LABEL_HITS, "TAIL_COUNT", TAIL_COUNT, "CURRENT_DOC", CURRENT_DOC, "CURRENT_OPEN", CURRENT_OPEN,
+        "EMPTY", (long long)EMPTY);
+    if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
+        Py_XDECREF(layout);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,94 @@
+"""The C kernels (pipeline.core._native): built by the install, chosen by
+FULLECE_KERNELS, and refusing arrays they cannot read instead of reading out of
+bounds. That they give numba's bits is tested where each kernel is (the map:
+test_topk_pass, test_topk_small; the floors: test_floors; the group sums:
+test_startup, test_topk_small), by running both on the same inputs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pipeline.errors import FulleceError
+
+
+def test_the_install_built_the_c_kernels():
+    """`make install` compiles them (a compiler is on every machine CI runs
+    on); without them every aggregate would pay numba's start-up."""
+    from pipeline.core import native
+
+    assert native._load() is not None
+    assert native.native_kernels()
+
+
+def test_layout_compiled_in_is_topk_formats():
+    from pipeline.aggregate import _topk_native, topk_format
+
+    for name, value in _topk_native._native.LAYOUT.items():
+        want = getattr(topk_format, name, None)
+        want = int(topk_format.KernelCode[name]) if want is None else int(want)
+        assert value == want, name
+
+
+def test_choice_by_environment(monkeypatch):
+    from pipeline.core import _floors_kernel, _native_kernels, native
+
+    monkeypatch.setenv("FULLECE_KERNELS", "numba")
+    assert not native.native_kernels() and native.floors_kernel() is _floors_kernel
+    monkeypatch.setenv("FULLECE_KERNELS", "native")
+    assert native.native_kernels() and native.floors_kernel() is _native_kernels
+    monkeypatch.setenv("FULLECE_KERNELS", "fast")
+    with pytest.raises(FulleceError, match="FULLECE_KERNELS='fast'"):
+        native.native_kernels()
+
+
+def test_a_process_with_the_c_kernels_never_imports_numba(tmp_path):
+    """The whole point: the kernels' module loads without numba."""
+    code = (
+        "import sys\n"
+        "from pipeline.aggregate import topk_pass\n"
+        "from pipeline.core.native import floors_kernel, group_kernel\n"
+        "print(topk_pass._kernels().__name__, floors_kernel().__name__,"
+        " group_kernel().__name__, 'numba' in sys.modules)\n"
+    )
+    env = {**os.environ, "FULLECE_KERNELS": "native"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [
+        "pipeline.aggregate._topk_native",
+        "pipeline.core._native_kernels",
+        "pipeline.core._native_kernels",
+        "False",
+    ]
+
+
+def test_wrong_dtypes_and_sizes_are_refused():
+    from pipeline.core import _native
+
+    offsets = np.array([0, 2], np.int64)
+    probs = np.array([0.5, 0.25], np.float32)
+    grids, source = np.array([10, 5], np.int64), np.array([0, 0], np.int64)
+    out = np.zeros((2, 10))
+    _native.bin_mass_sq_rows(offsets, probs, np.zeros(1), 10, 0.1, grids, source, out)
+    assert out[1, 2] == 0.5**2 and out[1, 1] == 0.25**2  # M = 5: 0.5 in bin 3, 0.25 in bin 2
+    with pytest.raises(TypeError, match="probs: expected float32"):
+        _native.bin_mass_sq_rows(offsets, probs.astype(np.float64), np.zeros(1), 10, 0.1,
+                                 grids, source, out)  # fmt: skip
+    with pytest.raises(TypeError, match="out: expected a C-contiguous writable"):
+        _native.bin_mass_sq_rows(offsets, probs, np.zeros(1), 10, 0.1, grids, source, out.T)
+    with pytest.raises(ValueError, match="wrong sizes"):  # offsets past the entries
+        _native.bin_mass_sq_rows(np.array([0, 3], np.int64), probs, np.zeros(1), 10, 0.1,
+                                 grids, source, out)  # fmt: skip
+    with pytest.raises(ValueError, match="above 1"):
+        _native.bin_mass_sq_rows(offsets, np.array([0.5, 1.5], np.float32), np.zeros(1), 10,
+                                 0.1, grids, source, out)  # fmt: skip
+    keys = np.zeros(4, np.int64)
+    with pytest.raises(ValueError, match="wrong sizes"):  # more entries than the buffer holds
+        _native.partition(keys, np.zeros(4, np.float32), 5, np.zeros(2, np.int64),
+                          np.zeros(4, np.int64), np.zeros(4, np.float32), np.zeros(3, np.int64))  # fmt: skip
+    with pytest.raises(TypeError, match="takes 7 arguments"):
+        _native.partition(keys)
