@@ -146,6 +146,16 @@ int_arg(PyObject *obj, int64_t *out)
     return 0;
 }
 
+/* ceil(x) of a product p * F (0 <= x < 2^62) as an integer, exactly: without
+ * SSE4.1 (not in the x86-64 baseline a wheel targets) ceil() is a libm call
+ * per entry, which this is not */
+static inline int64_t
+ceil_index(double x)
+{
+    int64_t t = (int64_t)x;
+    return t + ((double)t < x);
+}
+
 /* ---- the top-k map: class table, seq rows -------------------------------- */
 
 static inline int64_t
@@ -347,7 +357,7 @@ py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 p1 += v64;
                 h1 += hit;
             } else {
-                uint64_t b = (uint64_t)ceil(v64 * bins_f);
+                uint64_t b = (uint64_t)ceil_index(v64 * bins_f);
                 buf_keys[eu] = (c << 32) | (hit << 31) | (int64_t)b;
                 buf_probs[eu] = v;
                 eu += 1;
@@ -379,7 +389,7 @@ py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         label_count[label] += 1;
         top1_count[top1] += 1;
         double q64 = (double)q;
-        int64_t b = (int64_t)ceil(q64 * bins_f);
+        int64_t b = ceil_index(q64 * bins_f);
         if (b < 1)
             b = 1;
         int64_t ok = top1 == label ? 1 : 0;
@@ -775,7 +785,7 @@ py_bin_mass_sq_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         for (uint64_t t = (uint64_t)offsets[r]; t < (uint64_t)offsets[r + 1]; t++) {
             float v = probs[t];
             if ((double)v > threshold) {
-                uint64_t level = (uint64_t)ceil((double)v * bins_f);
+                uint64_t level = (uint64_t)ceil_index((double)v * bins_f);
                 if (level > (uint64_t)fine_bins) { /* p > 1: the callers check first */
                     out_of_range = 1;
                     break;
