@@ -20,13 +20,14 @@ from pipeline.aggregate.checks import _manifest_sha256, _run_inputs
 from pipeline.aggregate.shard_map import PartCache, _release_map_memory
 from pipeline.aggregate.sql import reduce_sql, sql_str, tail_bounds_sql
 from pipeline.core.arrow_numpy import empty_table
+from pipeline.defaults import DEFAULT_MEMORY_LIMIT, MIN_MEMORY_LIMIT, memory_limit_problem  # noqa: F401
+from pipeline.defaults import size_bytes as limit_bytes
 from pipeline.store import atomic, tablestore
 from pipeline.store.run import AggregateError, Run
 from pipeline.store.schema import TABLE_SCHEMAS
 from pipeline.store.tablestore import TABLE_NAMES
 from pipeline.store.tailbounds import TAIL_BOUNDS, TAIL_BOUNDS_NAME, class_tail_known
 
-DEFAULT_MEMORY_LIMIT = "1GB"
 _WRITE_BATCH_ROWS = 1 << 20
 
 
@@ -61,31 +62,14 @@ def _write_query(con, query: str, path: Path, schema: pa.Schema) -> int:
 # (the row, its sort key and order, the gathered and summed columns, the
 # Arrow output): 195 measured on the issue-14 run's two parts.
 _REDUCE_ROW_BYTES = 200
-_UNITS = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}  # DuckDB's: a unit is needed
-_UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
-
-
-def limit_bytes(memory_limit: str) -> int | None:
-    """'1GB', '512MiB', '2 gb' -> bytes; None when not a plain size."""
-    import re
-
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(memory_limit))
-    if not m or m.group(2).lower() not in _UNITS:
-        return None
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-_MIN_MEMORY_LIMIT = 16 * 10**6  # below it DuckDB cannot even start its reduce
 
 
 def check_memory_limit(memory_limit: str) -> int:
     """Bytes of a --memory-limit such as '1GB', '512MB', '2GiB' (else an error)."""
-    budget = limit_bytes(memory_limit)
-    if not budget:
-        raise AggregateError(f"{memory_limit!r} is not a size such as 1GB, 512MB or 2GiB")
-    if budget < _MIN_MEMORY_LIMIT:
-        raise AggregateError(f"--memory-limit {memory_limit!r}: at least 16MB is needed")
-    return budget
+    problem = memory_limit_problem(memory_limit)
+    if problem:
+        raise AggregateError(problem)
+    return limit_bytes(memory_limit)
 
 
 def _reduce(
@@ -167,7 +151,7 @@ def duckdb_memory_limit(memory_limit: str) -> str:
     budget, resident = limit_bytes(memory_limit), _resident_bytes()
     if budget is None or resident is None:
         return memory_limit
-    return f"{max(budget - resident, _MIN_MEMORY_LIMIT) // 10**6}MB"
+    return f"{max(budget - resident, MIN_MEMORY_LIMIT) // 10**6}MB"
 
 
 def memory_rows(memory_limit: str) -> int:

@@ -7,19 +7,20 @@ from pathlib import Path
 
 import click
 
-from pipeline.aggregate import DEFAULT_MEMORY_LIMIT, aggregate
 from pipeline.cli.common import FinishingCommand, resumable, shards_text
-from pipeline.defaults import DEFAULT_FINE_BINS, MAX_BINS
+from pipeline.defaults import (
+    DEFAULT_FINE_BINS,
+    DEFAULT_MEMORY_LIMIT,
+    MAX_BINS,
+    memory_limit_problem,
+)
 from pipeline.progress import notice
 
 
 def _memory_limit(ctx, param, value: str) -> str:
-    from pipeline.aggregate.reduce import check_memory_limit
-
-    try:
-        check_memory_limit(value)
-    except ValueError as err:
-        raise click.BadParameter(str(err)) from None
+    problem = memory_limit_problem(value)
+    if problem:
+        raise click.BadParameter(problem)
     return value
 
 
@@ -78,6 +79,13 @@ def aggregate_command(run_dirs, out, fine_bins, memory_limit, quiet, allow_mixed
     slices) and come from one model (unless --allow-mixed-models).
     """
     t0 = time.perf_counter()
+    from pipeline.store.hashes import prehash_first_shards
+
+    # the first shard is hashed (verified) while numpy and pyarrow import, on
+    # the other core; then the aggregation (pipeline.aggregate) is imported
+    prehash_first_shards(run_dirs)
+    from pipeline.aggregate import aggregate
+
     shards = shards_text(run_dirs)
     notice(
         f"aggregate: verifying {shards or 'the shards'} against the manifest ...",

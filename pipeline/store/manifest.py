@@ -31,6 +31,7 @@ from pathlib import Path
 
 from pipeline.core.binning import m_exact_from_tail_max
 from pipeline.errors import FulleceError
+from pipeline.store.hashes import file_sha256, path_sha256  # noqa: F401  (re-exported)
 from pipeline.store.schema import check_version
 
 MANIFEST_NAME = "manifest.json"
@@ -93,7 +94,6 @@ def load_manifest(run_dir) -> dict:
 # Writing, hashing and exactness helpers (used by extraction and validate).
 
 MANIFEST_SCHEMA_FILE = "manifest.v1.schema.json"
-_HASH_BLOCK = 1 << 22
 
 
 def manifest_schema_path() -> Path:
@@ -108,41 +108,6 @@ def save_manifest(run_dir, manifest: dict) -> None:
     from pipeline.store.atomic import write_json
 
     write_json(manifest_path(run_dir), manifest)
-
-
-def file_sha256(path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            h.update(block)
-    return h.hexdigest()
-
-
-def path_sha256(path) -> str:
-    """sha256 of a file, or of a directory tree (a Zarr store).
-
-    A directory hashes the sorted lines ``relpath\\0sha256(file)\\n`` of every
-    regular file below it, so any changed, added or removed file changes it.
-    """
-    import hashlib
-    import os
-
-    path = Path(path)
-    if not path.is_dir():
-        return file_sha256(path)
-    lines = []
-    for root, dirs, files in os.walk(path):
-        dirs.sort()
-        for name in sorted(files):
-            full = Path(root) / name
-            rel = full.relative_to(path).as_posix()
-            lines.append(f"{rel}\0{file_sha256(full)}\n")
-    h = hashlib.sha256()
-    for line in sorted(lines):
-        h.update(line.encode())
-    return h.hexdigest()
 
 
 def summarize_shards(manifest: dict) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 STAMP_VERSION = 1
 # Files changed this recently may change again within one timestamp tick with
-# the same stat: no stamp then (git's "racy" rule; tablestore._RACY_NS).
+# the same stat: no stamp then (git's "racy" rule; hashes._RACY_NS).
 _RACY_NS = 2_000_000_000
 
 

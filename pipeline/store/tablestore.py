@@ -13,7 +13,6 @@ written is refused, never used.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ from pipeline.core.tables import BinTables
 from pipeline.defaults import __version__
 from pipeline.errors import FulleceError
 from pipeline.store import atomic
+from pipeline.store.hashes import _settled, cached_sha256  # noqa: F401  (re-exported)
 from pipeline.store.manifest import MANIFEST_NAME
 from pipeline.store.schema import (
     BIN_TABLE_NAMES,
@@ -131,46 +131,6 @@ def read_table_file(path, columns=None) -> pa.Table:
         return pq.ParquetFile(str(path), page_checksum_verification=True).read(columns=columns)
     except (OSError, pa.ArrowException) as err:
         raise TablesError(f"{path}: damaged Parquet file ({err})") from err
-
-
-_HASH_CACHE: dict[tuple, str] = {}
-# A file modified this recently may change again within the same timestamp
-# tick (same size, same mtime): never cached (git's "racy" rule).
-_RACY_NS = 2_000_000_000
-
-
-def _settled(mtime_ns: int) -> bool:
-    import time
-
-    return time.time_ns() - mtime_ns > _RACY_NS
-
-
-def cached_sha256(path) -> str:
-    """sha256 of a file or directory tree, cached by (path, size, mtime, inode) so
-    one process never hashes an unchanged file twice."""
-    from pipeline.store.manifest import path_sha256
-
-    path = Path(path)
-    st = path.stat()
-    probe = st
-    if path.is_dir():
-        # a tree: key on every file's stat (cheap) so any rewrite is seen
-        stats = []
-        for root, _dirs, files in os.walk(path):
-            for name in files:
-                s = os.stat(os.path.join(root, name))
-                stats.append((root, name, s.st_size, s.st_mtime_ns, s.st_ino))
-        probe = tuple(sorted(stats))
-        key = (str(path.resolve()), probe)
-    else:
-        key = (str(path.resolve()), probe.st_size, probe.st_mtime_ns, probe.st_ino)
-    digest = _HASH_CACHE.get(key)
-    if digest is None:
-        digest = path_sha256(path)
-        newest = max((k[3] for k in probe), default=0) if path.is_dir() else probe.st_mtime_ns
-        if _settled(newest):
-            _HASH_CACHE[key] = digest
-    return digest
 
 
 def table_checksums(directory) -> dict[str, str]:

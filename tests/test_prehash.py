@@ -1,0 +1,129 @@
+"""The first shard hashed while the command imports (pipeline.store.hashes):
+each file hashed once, a digest used only for the bytes it was made of, and
+nothing outside the run, nor anything but a regular file, ever opened."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipeline.store import hashes
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(monkeypatch):
+    monkeypatch.setattr(hashes, "_HASH_CACHE", {})
+    monkeypatch.setattr(hashes, "_PENDING", {})
+    monkeypatch.setattr(hashes, "_PREHASHED", {})
+
+
+def _count_hashes(monkeypatch) -> list:
+    calls = []
+    real = hashes.file_sha256
+
+    def counted(path):
+        calls.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(hashes, "file_sha256", counted)
+    return calls
+
+
+def _settled_file(path, data: bytes):
+    path.write_bytes(data)
+    old = time.time_ns() - 10 * hashes._RACY_NS
+    os.utime(path, ns=(old, old))
+    return path
+
+
+def _wait_idle():
+    for _ in range(500):
+        if not hashes._PENDING:
+            return
+        time.sleep(0.01)
+    raise AssertionError("the prehash thread did not finish")
+
+
+def test_a_prehashed_file_is_hashed_once(tmp_path, monkeypatch):
+    calls = _count_hashes(monkeypatch)
+    f = _settled_file(tmp_path / "a.parquet", os.urandom(3 << 20))
+    hashes.prehash([f])
+    assert hashes.cached_sha256(f) == hashlib.sha256(f.read_bytes()).hexdigest()
+    assert hashes.cached_sha256(f) == hashlib.sha256(f.read_bytes()).hexdigest()
+    assert calls == [str(f)]
+
+
+def test_a_file_changed_after_its_prehash_is_hashed_again(tmp_path, monkeypatch):
+    """Same size, other bytes, other mtime: the prehash's digest is not used
+    (verify-on-read then sees the new bytes)."""
+    f = _settled_file(tmp_path / "a.parquet", b"x" * 1000)
+    hashes.prehash([f])
+    _wait_idle()
+    _settled_file(f, b"y" * 1000)
+    os.utime(f, ns=(time.time_ns() - 5 * hashes._RACY_NS,) * 2)
+    assert hashes.cached_sha256(f) == hashlib.sha256(b"y" * 1000).hexdigest()
+
+
+def test_a_racy_file_is_not_cached_but_its_prehash_is_used_once(tmp_path, monkeypatch):
+    calls = _count_hashes(monkeypatch)
+    f = tmp_path / "new.parquet"
+    f.write_bytes(b"z" * 100)  # modified just now: never cached
+    hashes.prehash([f])
+    _wait_idle()  # done before it is asked for
+    assert hashes.cached_sha256(f) == hashlib.sha256(b"z" * 100).hexdigest()
+    assert hashes._HASH_CACHE == {}
+    assert calls == [str(f)]
+    assert hashes.cached_sha256(f) == hashlib.sha256(b"z" * 100).hexdigest()
+    assert calls == [str(f)] * 2  # the prehash is used once; racy files are not cached
+
+
+def test_only_regular_files_inside_the_run_are_prehashed(tmp_path, monkeypatch):
+    calls = _count_hashes(monkeypatch)
+    run = tmp_path / "run"
+    (run / "shards").mkdir(parents=True)
+    outside = _settled_file(tmp_path / "secret.bin", b"s" * 10)
+    inside = _settled_file(run / "shards" / "positions-00000.parquet", b"p" * 10)
+    os.mkfifo(run / "shards" / "fifo")  # opening it would block the thread forever
+    (run / "shards" / "link").symlink_to(outside)
+    files = {
+        "shards/positions-00000.parquet": "0" * 64,
+        "../secret.bin": "0" * 64,
+        str(outside): "0" * 64,
+        "shards/link": "0" * 64,
+        "shards/fifo": "0" * 64,
+        "shards/missing": "0" * 64,
+    }
+    (run / "manifest.json").write_text(json.dumps({"shards": [{"files": files}]}))
+    listed = {p.name for p in hashes.first_shard_files(run)}
+    assert listed == {"positions-00000.parquet", "fifo", "missing"}  # not the ones outside
+    hashes.prehash_first_shards([run])
+    _wait_idle()
+    assert calls == [str(inside.resolve())]
+
+
+@pytest.mark.parametrize("manifest", ["not json", "{}", '{"shards": []}', '{"shards": [3]}'])
+def test_an_unreadable_manifest_prehashes_nothing(tmp_path, manifest):
+    (tmp_path / "manifest.json").write_text(manifest)
+    assert hashes.first_shard_files(tmp_path) == []
+    hashes.prehash_first_shards([tmp_path, tmp_path / "absent"])
+    assert hashes._PENDING == {}
+
+
+def test_the_aggregate_command_imports_no_numpy_before_it_starts_hashing():
+    """What makes the prehash overlap the imports: the command's module and
+    its options' checks import neither numpy nor pyarrow."""
+    code = (
+        "import sys\n"
+        "import pipeline.cli.aggregate as a\n"
+        "a._memory_limit(None, None, '1GB')\n"
+        "print(sorted(m for m in ('numpy', 'pyarrow', 'duckdb') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
