@@ -49,7 +49,11 @@ from pipeline.core.binning import bin1_threshold
 from pipeline.core.tables import SparseBins
 from pipeline.errors import FulleceError
 
-BATCH_ROWS = 65_536  # positions decoded at a time (64 kept each: 4M entries, ~32 MB)
+# positions decoded at a time: extract's row groups (64 kept each: 1M entries, ~8 MB).
+# Measured against 65,536, whole processes with the C kernels: ckpt-000800 1.22 ->
+# 0.89 s median, peak RSS 0.6 -> 0.5 GB, the K = 32,000 realistic run 1.35 -> 1.25 s,
+# 0.87 -> 0.69 GB (fewer fresh pages to fault in; docs/performance.md)
+BATCH_ROWS = 16_384
 _INITIAL_SEQ_ROWS = 1 << 16  # grown by doubling
 _BUFFER_ENTRIES = 1 << 21  # entries above bin 1 buffered before grouping (12 bytes each, x2)
 _CLASSES_PER_PARTITION = 512  # a region then holds ~ all its classes' bins in L2
