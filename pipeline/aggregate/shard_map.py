@@ -53,7 +53,8 @@ from pipeline.store.tablestore import TABLE_NAMES
 _TAIL_COLUMNS = ("tail_count", "tail_mass", "tail_max")
 # what the map folds (the kernel checks ids, probabilities and doc_ids; the store the tail columns)
 _MAP_COLUMNS = ("doc_id", "label", "top1_id", "top1_prob", "kept_ids", "kept_probs") + _TAIL_COLUMNS
-# the first shard's batches decoded ahead while the kernels load: this share of --memory-limit
+# the first shard's batches decoded ahead of the map (while numba's kernels load, without
+# the C ones): this share of --memory-limit
 _FIRST_READ_SHARE = 8
 
 
@@ -90,9 +91,10 @@ class FirstRead:
 
 def start_map_read(runs: list[Run], memory_limit_bytes: int, *, with_scores: bool = False):
     """Begin checking and decoding the first top-k shard, on a thread, before
-    the map's kernels load: importing numba and loading its cached kernels
-    takes one core for about half a second, and the other would be idle.
-    Decodes ahead up to 1/_FIRST_READ_SHARE of the memory limit;
+    the map starts: with numba's kernels, importing numba and loading them
+    takes one core for about half a second, and the other would be idle
+    (with the C kernels the map starts at once and takes the batches as they
+    come). Decodes ahead up to 1/_FIRST_READ_SHARE of the memory limit;
     `with_scores`: the scores' columns too (see _map_batches). Returns a
     :class:`FirstRead` for :func:`build_parts`, or None (no top-k shard)."""
     from pipeline.aggregate import positions, topk_pass  # noqa: F401  (imported on this thread)

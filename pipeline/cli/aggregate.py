@@ -59,7 +59,7 @@ def _out_dir(ctx, param, value):
     callback=_memory_limit,
     help="Memory for summing the partial tables: in memory when they fit, else by "
     "DuckDB, which spills to disk beyond it. The first shard's batches, decoded "
-    "while the kernels load, are held up to an eighth of it (plus the batch that "
+    "ahead of the map, are held up to an eighth of it (plus the batch that "
     "crosses it).",
 )
 @click.option("--quiet", is_flag=True, help="No progress bar.")
