@@ -8,7 +8,6 @@ user's private cache); ``sql`` holds the pure SQL builders.
 """
 
 from pipeline.aggregate.checks import tables_status
-from pipeline.aggregate.reduce import DEFAULT_MEMORY_LIMIT
 from pipeline.aggregate.shard_map import build_parts
 from pipeline.aggregate.sql import bin_sql
 from pipeline.aggregate.tables import (
@@ -18,6 +17,7 @@ from pipeline.aggregate.tables import (
     load_run_tables,
     read_tables_meta,
 )
+from pipeline.defaults import DEFAULT_MEMORY_LIMIT
 from pipeline.store.run import AggregateError, iter_logit_blocks, open_run, open_runs
 from pipeline.store.tablestore import TABLE_NAMES, run_tables_dir, tables_dir_of
 

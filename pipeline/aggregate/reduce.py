@@ -20,7 +20,7 @@ from pipeline.aggregate.checks import _manifest_sha256, _run_inputs
 from pipeline.aggregate.shard_map import PartCache, _release_map_memory
 from pipeline.aggregate.sql import reduce_sql, sql_str, tail_bounds_sql
 from pipeline.core.arrow_numpy import empty_table
-from pipeline.defaults import DEFAULT_MEMORY_LIMIT, MIN_MEMORY_LIMIT, memory_limit_problem  # noqa: F401
+from pipeline.defaults import MIN_MEMORY_LIMIT, memory_limit_problem
 from pipeline.defaults import size_bytes as limit_bytes
 from pipeline.store import atomic, tablestore
 from pipeline.store.run import AggregateError, Run

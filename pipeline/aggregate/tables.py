@@ -22,19 +22,14 @@ from pathlib import Path
 
 from pipeline.aggregate.checks import _current_tables, _shard_problem, check_mergeable
 from pipeline.aggregate.layout import _check_out_dir, _writable, check_out_arg, scratch_dir
-from pipeline.aggregate.reduce import (
-    DEFAULT_MEMORY_LIMIT,
-    _reduce,
-    check_memory_limit,
-    memory_rows,
-)
+from pipeline.aggregate.reduce import _reduce, check_memory_limit, memory_rows
 from pipeline.aggregate.shard_map import (
     PartCache,
     _release_map_memory,
     build_parts,
     start_map_read,
 )
-from pipeline.defaults import DEFAULT_FINE_BINS
+from pipeline.defaults import DEFAULT_FINE_BINS, DEFAULT_MEMORY_LIMIT
 from pipeline.progress import notice
 from pipeline.store import tablestore
 from pipeline.store.cache import _tables_cache

@@ -21,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+from pipeline.store.runpaths import inside_run
+
 _HASH_BLOCK = 1 << 22
 # A file modified this recently may change again within the same timestamp
 # tick (same size, same mtime): never cached (git's "racy" rule).
@@ -159,16 +161,16 @@ def first_shard_files(run_dir) -> list[Path]:
     run_dir = Path(run_dir)
     try:
         shards = json.loads((run_dir / "manifest.json").read_text()).get("shards") or []
-        files = shards[0].get("files") or {}
-        root = run_dir.resolve()
-        found = []
-        for rel in sorted(files):
-            full = (run_dir / rel).resolve()
-            if isinstance(rel, str) and not Path(rel).is_absolute() and root in full.parents:
-                found.append(full)
-        return found
+        files = sorted(shards[0].get("files") or {})
     except (OSError, ValueError, AttributeError, IndexError, TypeError):
         return []
+    found = []
+    for rel in files:
+        try:
+            found.append(inside_run(run_dir, rel).resolve())
+        except (ValueError, OSError):  # refused: the command's own check reports it
+            continue
+    return found
 
 
 def prehash_first_shards(run_dirs) -> None:

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.core.arrow_numpy import column_numpy, empty_table
+from pipeline.store import runpaths
 from pipeline.store.manifest import AggregateError, RunError, load_manifest
 from pipeline.store.schema import (
     SCHEMA_VERSION,
@@ -108,27 +109,9 @@ class Run:
 
 def inside_run(run_dir: Path, rel) -> Path:
     """RUN_DIR/rel, refusing a path that leaves the run directory (absolute, ``..``
-    or a symbolic link pointing out): a run is only ever its own files."""
-    where = Path(run_dir) / "manifest.json"
-    if not isinstance(rel, str) or not rel:
-        raise AggregateError(f"{where}: shard path {rel!r} is not a relative path")
-    pure = Path(rel)
-    if pure.is_absolute() or ".." in pure.parts or rel.startswith(("/", "\\")):
-        raise AggregateError(
-            f"{where}: shard path {rel!r} points outside the run directory "
-            "(only relative paths inside the run are accepted)"
-        )
-    full = Path(run_dir) / pure
-    try:
-        real = full.resolve()
-        root = Path(run_dir).resolve()
-    except OSError as err:
-        raise AggregateError(f"{full}: cannot resolve ({err})") from err
-    if real != root and root not in real.parents:
-        raise AggregateError(
-            f"{where}: shard path {rel!r} resolves to {real}, outside the run directory"
-        )
-    return full
+    or a symbolic link pointing out) with an AggregateError (the rule:
+    :func:`pipeline.store.runpaths.inside_run`)."""
+    return runpaths.inside_run(run_dir, rel, AggregateError)
 
 
 def run_files(run) -> list[Path]:
@@ -310,7 +293,7 @@ def verify_shard_files(shard: Shard, *, thorough: bool = False) -> None:
 def verify_file(run_dir, entry: dict, rel: str, *, thorough: bool = False) -> Path:
     """One file of a shard entry checked against the manifest's sha256 (see
     verify_shard_files); returns its path."""
-    from pipeline.store.tablestore import cached_sha256
+    from pipeline.store.hashes import cached_sha256
 
     run_dir = Path(run_dir)
     where = run_dir / "manifest.json"
@@ -346,7 +329,7 @@ def chunk_index(path: Path, digest: str) -> dict | None:
 
 
 def _hash_store_files(path: Path, index: dict) -> None:
-    from pipeline.store.tablestore import cached_sha256
+    from pipeline.store.hashes import cached_sha256
 
     for rel in sorted(index):
         if cached_sha256(path / rel) != index[rel]:

@@ -25,7 +25,7 @@ from pipeline.core.tables import BinTables
 from pipeline.defaults import __version__
 from pipeline.errors import FulleceError
 from pipeline.store import atomic
-from pipeline.store.hashes import _settled, cached_sha256  # noqa: F401  (re-exported)
+from pipeline.store.hashes import _settled, cached_sha256
 from pipeline.store.manifest import MANIFEST_NAME
 from pipeline.store.schema import (
     BIN_TABLE_NAMES,
