@@ -92,3 +92,24 @@ def test_wrong_dtypes_and_sizes_are_refused():
                           np.zeros(4, np.int64), np.zeros(4, np.float32), np.zeros(3, np.int64))  # fmt: skip
     with pytest.raises(TypeError, match="takes 7 arguments"):
         _native.partition(keys)
+
+
+def test_a_class_table_too_small_for_its_regions_is_refused():
+    """batch() inserting straight into the class table checks the table holds
+    every region it addresses (and takes the buffer path without one)."""
+    from pipeline.aggregate import _topk_native, topk_pass
+    from pipeline.aggregate.topk_format import BatchRows, ClassTable
+
+    state = topk_pass.TopkShardPass(vocab_size=2, fine_bins=10)
+    rows = BatchRows(np.array([0, 1], np.int32), np.array([0.5, 0.5], np.float32),
+                     np.array([0, 2], np.int64), np.zeros(1, np.int32), np.zeros(1, np.int32),
+                     np.array([0.5], np.float32), np.zeros(1, np.int64), np.zeros(1, np.int32),
+                     np.zeros(1), np.zeros(1, np.float32))  # fmt: skip
+    args = (rows, state._rules(), state._sums(), state._entry_buffer(2), state._documents())
+    small = ClassTable(np.zeros((4, 4), np.int64), np.zeros(1, np.int64), 3)  # 8 slots needed
+    with pytest.raises(ValueError, match="wrong sizes"):
+        _topk_native.batch(0, *args, small)
+    fits = ClassTable(np.zeros((8, 4), np.int64), np.zeros(1, np.int64), 3)
+    fits.slots[:, 0] = np.iinfo(np.int64).min
+    assert _topk_native.batch(0, *args, fits) == (0, -1)
+    assert fits.counts[0] == 2 and fits.slots[:, 1].sum() == 2  # (0, bin 5), (1, bin 5)

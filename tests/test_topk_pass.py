@@ -166,16 +166,34 @@ def test_pass_equals_the_sql_definition(tmp_path, case):
                 np.testing.assert_allclose(u, v, rtol=0, atol=1e-12, err_msg=f"{name}.{col}")
 
 
-@pytest.mark.parametrize("kernels", ["native", "numba"])
+# the C kernels insert straight into the class table while it is small (direct),
+# then through the buffer; forced one way, switching mid-shard, and numba's
+_INSERTS = {"native": 1 << 40, "native-switch": 64 << 10, "native-buffered": 0, "numba": None}
+
+
+@pytest.mark.parametrize("kernels", list(_INSERTS))
 def test_grouping_through_every_growth_path(tmp_path, monkeypatch, kernels):
-    """Many class partitions, regions grown from 2 slots, the entry buffer
-    emptied every few rows, seq rows grown from 4, documents interleaved and
-    scratch arrays reused from shard to shard: the tables still equal the
-    metric core's, with the C kernels and with numba's."""
+    """Many class partitions, regions grown from 2 slots (rows longer than a
+    region's room among them), the entry buffer emptied every few rows, seq
+    rows grown from 4, documents interleaved and scratch arrays reused from
+    shard to shard: the tables still equal the metric core's, with the C
+    kernels (entries inserted straight into the class table, through the
+    buffer, or first one then the other) and with numba's."""
     from pipeline.aggregate import topk_pass, topk_small
 
     monkeypatch.setattr(topk_small, "SMALL_RUN_ENTRIES", 0)  # the kernel, however small the run
-    monkeypatch.setenv("FULLECE_KERNELS", kernels)
+    monkeypatch.setenv("FULLECE_KERNELS", kernels.split("-")[0])
+    if _INSERTS[kernels] is not None:
+        monkeypatch.setattr(topk_pass, "DIRECT_TABLE_BYTES", _INSERTS[kernels])
+    modes = []
+    direct_table = topk_pass.TopkShardPass._direct_table
+
+    def recorded(state):
+        table = direct_table(state)
+        modes.append(table is not None)
+        return table
+
+    monkeypatch.setattr(topk_pass.TopkShardPass, "_direct_table", recorded)
     case = dense_case(360, 3000, seed=12, docs=9, scale=2.0)
     order = np.argsort(np.arange(case.n) % 5, kind="stable")  # documents split into runs
     for name in ("logits", "probs", "labels", "doc_ids", "lse"):
@@ -188,6 +206,8 @@ def test_grouping_through_every_growth_path(tmp_path, monkeypatch, kernels):
     monkeypatch.setattr(topk_pass, "_CLASSES_PER_PARTITION", 100)  # 32 partitions
     tables = aggregate_runs([run])
     assert topk_pass._capacity_hint["class_region_bits"] > 2  # the regions did grow
+    expected_modes = {"native": {True}, "native-switch": {True, False}}.get(kernels, {False})
+    assert set(modes) == expected_modes
     acc = CalibrationAccumulator(vocab_size=manifest["vocab_size"])
     accumulate_kept(acc, run, manifest)
     want = acc.compute()

@@ -49,16 +49,20 @@ def shard_tables(run: Path, small: bool, batch_rows: int, monkeypatch) -> list[d
 
 
 def assert_paths_agree(run: Path, monkeypatch) -> None:
-    """The numpy pass, the C kernels and numba's: the same tables, bit for bit."""
+    """The numpy pass, the C kernels (entries inserted straight into the class
+    table, or through the buffer) and numba's: the same tables, bit for bit."""
     small = shard_tables(run, True, 53, monkeypatch)  # other batch boundaries
-    for kernels in ("native", "numba"):
+    for kernels, direct_bytes in (("native", 1 << 40), ("native", 0), ("numba", 0)):
         monkeypatch.setenv("FULLECE_KERNELS", kernels)
+        monkeypatch.setattr(topk_pass, "DIRECT_TABLE_BYTES", direct_bytes)
         kernel = shard_tables(run, False, 37, monkeypatch)
         assert len(kernel) == len(small) > 0
         for i, (got, want) in enumerate(zip(small, kernel, strict=True)):
             assert got.keys() == want.keys()
             for name in want:
-                assert_columns_identical(got[name], want[name], f"{kernels} shard {i} {name}")
+                assert_columns_identical(
+                    got[name], want[name], f"{kernels} ({direct_bytes}) shard {i} {name}"
+                )
         assert len(want["class_bins"]["bin"]) and len(want["seq_bins"]["bin"])
 
 

@@ -20,11 +20,19 @@ def _as(values, dtype) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=dtype)
 
 
-def batch(start, rows, rules, sums, buffer, documents):
-    """_topk_kernel.batch: fold rows start.. of a `BatchRows` in; (code, row)."""
+# batch() can insert into the class table itself (numba's always buffers)
+DIRECT_INSERT = True
+_NO_TABLE = np.zeros(0, np.int64)
+
+
+def batch(start, rows, rules, sums, buffer, documents, table=None):
+    """_topk_kernel.batch: fold rows start.. of a `BatchRows` in; (code, row).
+    `table` (a ``ClassTable``): entries above bin 1 go straight into it, not
+    into the buffer (KernelCode.GROW_CLASSES: grow it, then call again)."""
+    slots, counts, bits = (_NO_TABLE, _NO_TABLE, -1) if table is None else table
     return _native.batch(
         int(start), int(rules.vocab), int(rules.fine_bins), float(rules.threshold),
-        int(rules.doc_limit),
+        int(rules.doc_limit), int(bits),
         _as(rows.ids, np.int32), _as(rows.probs, np.float32), _as(rows.offsets, np.int64),
         _as(rows.label, np.int32), _as(rows.top1_id, np.int32),
         _as(rows.top1_prob, np.float32), _as(rows.doc_id, np.int64),
@@ -32,7 +40,7 @@ def batch(start, rows, rules, sums, buffer, documents):
         _as(rows.tail_max, np.float32),
         sums.bin1_n, sums.bin1_p_sum, sums.bin1_hits, sums.label_count, sums.top1_count,
         sums.top1_counts, sums.top1_conf, sums.totals, sums.largest_tail,
-        *buffer, *documents,
+        *buffer, *documents, slots.reshape(-1), counts,
     )  # fmt: skip
 
 

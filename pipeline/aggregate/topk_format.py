@@ -26,6 +26,7 @@ class KernelCode(IntEnum):
     BAD_TOP1 = 6
     BAD_TOP1_PROB = 7
     BAD_DOC = 8
+    GROW_CLASSES = 9  # (C kernels, direct inserts) a class region lacks room for the row
 
 
 ROW_ERRORS = {
@@ -106,6 +107,16 @@ class EntryBuffer(NamedTuple):
     probs: np.ndarray
     used: np.ndarray  # [entries used]
     part_counts: np.ndarray  # entries per class partition
+
+
+class ClassTable(NamedTuple):
+    """The class table the C kernels' ``batch`` inserts into directly (see
+    ``topk_pass.DIRECT_TABLE_BYTES``): one region of 2**region_bits slots
+    per class partition."""
+
+    slots: np.ndarray  # (parts << region_bits, CLASS_WIDTH) int64
+    counts: np.ndarray  # keys per region
+    region_bits: int
 
 
 class DocumentBins(NamedTuple):

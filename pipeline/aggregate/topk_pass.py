@@ -38,6 +38,7 @@ from pipeline.aggregate import topk_format as fmt
 from pipeline.aggregate.topk_format import (
     ROW_ERRORS,
     BatchRows,
+    ClassTable,
     DocumentBins,
     EntryBuffer,
     KernelCode,
@@ -57,11 +58,17 @@ BATCH_ROWS = 16_384
 _INITIAL_SEQ_ROWS = 1 << 16  # grown by doubling
 _BUFFER_ENTRIES = 1 << 21  # entries above bin 1 buffered before grouping (12 bytes each, x2)
 _CLASSES_PER_PARTITION = 512  # a region then holds ~ all its classes' bins in L2
+# With the C kernels, entries above bin 1 go straight into the class table while
+# it is at most this large (it stays in cache: a real model's kept entries fall
+# into few groups), then through the buffer and its partitions (many groups).
+# Measured in docs/performance.md ("Direct inserts").
+DIRECT_TABLE_BYTES = 8 << 20
 _INITIAL_REGION_BITS = 10
 # last shard's table sizes: the next shard of this process starts there (no regrowth)
 _capacity_hint = {"class_region_bits": _INITIAL_REGION_BITS, "seq": _INITIAL_SEQ_ROWS}
 
 _DOC_LIMIT = 1 << 62  # doc_id * (F + 1) + bin must fit an int64
+_NO_ENTRIES, _NO_PROBS = np.zeros(0, np.int64), np.zeros(0, np.float32)
 
 
 def _kernels():
@@ -217,6 +224,8 @@ class TopkShardPass:
             fmt.CLASS_WIDTH, self._parts << self._region_bits, scratch.get("class")
         )
         self._region_counts = np.zeros(self._parts, np.int64)
+        # straight into the table (C kernels, table in cache) or through the buffer
+        self._direct = getattr(_kernels(), "DIRECT_INSERT", False)
         # per document and bin, a seq row (topk_format.SEQ_*)
         # (rows past _seq_n are never read: no need to clear them)
         self._seq_rows = scratch.get("seq_rows")
@@ -293,32 +302,22 @@ class TopkShardPass:
         rows = self._batch_rows(batch)
         id_off = rows.offsets
         longest = int(np.diff(id_off).max())
-        if self._buffer is None or self._buffer[0].size < longest:
-            self._group_buffer()
-            size = max(_BUFFER_ENTRIES, longest)
-            self._buffer = tuple(np.empty(size, dtype) for dtype in (np.int64, np.float32) * 2)
-        rules = Rules(k, f, self._threshold, _DOC_LIMIT // (f + 1))
-        sums = ShardSums(
-            self.bin1_n,
-            self.bin1_p_sum,
-            self.bin1_hits,
-            self.label_count,
-            self.top1_count,
-            self._top1_int,
-            self._top1_conf,
-            self._totals,
-            self._largest_tail,
-        )
-        buffer = EntryBuffer(*self._buffer[:2], self._buffer_n, self._part_counts)
+        rules, sums = self._rules(), self._sums()
         row = 0
         while True:
-            # the seq rows may have grown: their group is made afresh each call
-            code, row = kernels.batch(row, rows, rules, sums, buffer, self._documents())
+            # the seq rows and the class table may have grown since the last call
+            table = self._direct_table()
+            buffer = self._entry_buffer(0 if table else longest)
+            code, row = kernels.batch(
+                row, rows, rules, sums, buffer, self._documents(), *([table] if table else [])
+            )
             code = KernelCode(code)
             if code is KernelCode.GROW:
                 self._reserve_seq_rows()
             elif code is KernelCode.FULL:
                 self._group_buffer()
+            elif code is KernelCode.GROW_CLASSES:
+                self._grow_class_table()
             else:
                 break
         if code is not KernelCode.OK:
@@ -358,6 +357,41 @@ class TopkShardPass:
     def _documents(self) -> DocumentBins:
         return DocumentBins(self._seq_rows, self._seq_n, self._doc, self._touched, self._current)
 
+    def _rules(self) -> Rules:
+        f = self.fine_bins
+        return Rules(self.vocab_size, f, self._threshold, _DOC_LIMIT // (f + 1))
+
+    def _sums(self) -> ShardSums:
+        return ShardSums(
+            self.bin1_n,
+            self.bin1_p_sum,
+            self.bin1_hits,
+            self.label_count,
+            self.top1_count,
+            self._top1_int,
+            self._top1_conf,
+            self._totals,
+            self._largest_tail,
+        )
+
+    def _direct_table(self) -> ClassTable | None:
+        """The class table, while entries go straight into it (see
+        DIRECT_TABLE_BYTES); None once they go through the buffer."""
+        self._direct = self._direct and self._class.nbytes <= DIRECT_TABLE_BYTES
+        if not self._direct:
+            return None
+        return ClassTable(self._class, self._region_counts, self._region_bits)
+
+    def _entry_buffer(self, longest: int) -> EntryBuffer:
+        """The entry buffer, with room for a row of `longest` entries (none
+        is allocated while entries go straight into the table)."""
+        if longest and (self._buffer is None or self._buffer[0].size < longest):
+            self._group_buffer()
+            size = max(_BUFFER_ENTRIES, longest)
+            self._buffer = tuple(np.empty(size, dtype) for dtype in (np.int64, np.float32) * 2)
+        keys, probs = self._buffer[:2] if self._buffer else (_NO_ENTRIES, _NO_PROBS)
+        return EntryBuffer(keys, probs, self._buffer_n, self._part_counts)
+
     def _reserve_seq_rows(self) -> None:
         """Room for one more document's bins in the seq rows (doubling)."""
         rows, need = self._seq_rows, int(self._seq_n[0]) + self.fine_bins + 1
@@ -384,13 +418,17 @@ class TopkShardPass:
             )  # fmt: skip
             if code != KernelCode.GROW:
                 break
-            self._region_bits += 1
-            bigger = _new_table(fmt.CLASS_WIDTH, self._parts << self._region_bits)
-            kernels.rehash_regions(
-                self._class, bigger, self._region_counts, self._parts, self._region_bits
-            )
-            self._class = bigger
+            self._grow_class_table()
         self._buffer_n[0] = 0
+
+    def _grow_class_table(self) -> None:
+        """Double every region of the class table (its keys rehashed)."""
+        self._region_bits += 1
+        bigger = _new_table(fmt.CLASS_WIDTH, self._parts << self._region_bits)
+        _kernels().rehash_regions(
+            self._class, bigger, self._region_counts, self._parts, self._region_bits
+        )
+        self._class = bigger
 
     # ----------------------------------------------------------------- output
 

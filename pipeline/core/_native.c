@@ -24,7 +24,8 @@
 
 /* the layout of pipeline.aggregate.topk_format (checked on import by the wrapper) */
 enum { CODE_OK = 0, CODE_BAD_ID = 1, CODE_BAD_PROB = 2, CODE_GROW = 3, CODE_FULL = 4,
-       CODE_BAD_LABEL = 5, CODE_BAD_TOP1 = 6, CODE_BAD_TOP1_PROB = 7, CODE_BAD_DOC = 8 };
+       CODE_BAD_LABEL = 5, CODE_BAD_TOP1 = 6, CODE_BAD_TOP1_PROB = 7, CODE_BAD_DOC = 8,
+       CODE_GROW_CLASSES = 9 };
 enum { CLASS_KEY = 0, CLASS_N = 1, CLASS_HITS = 2, CLASS_P_SUM = 3, CLASS_WIDTH = 4 };
 enum { SEQ_KEY = 0, SEQ_N = 1, SEQ_HITS = 2, SEQ_TOP1_N = 3, SEQ_CORRECT = 4, SEQ_P_SUM = 5,
        SEQ_CONF_SUM = 6, SEQ_MARKED = 7, SEQ_WIDTH = 8 };
@@ -237,37 +238,44 @@ enum {
     B_IDS, B_PROBS, B_OFFSETS, B_LABEL, B_TOP1_ID, B_TOP1_PROB, B_DOC_ID, B_TAIL_COUNT,
     B_TAIL_MASS, B_TAIL_MAX, B_BIN1_N, B_BIN1_P, B_BIN1_HITS, B_LABEL_COUNT, B_TOP1_COUNT,
     B_TOP1_COUNTS, B_TOP1_CONF, B_TOTALS, B_LARGEST_TAIL, B_BUF_KEYS, B_BUF_PROBS, B_BUF_N,
-    B_PART_COUNTS, B_SEQ_ROWS, B_SEQ_N, B_DOC, B_TOUCHED, B_CURRENT, B_ARRAYS
+    B_PART_COUNTS, B_SEQ_ROWS, B_SEQ_N, B_DOC, B_TOUCHED, B_CURRENT, B_SLOTS, B_REGION_COUNTS,
+    B_ARRAYS
 };
 static const char *const BATCH_NAMES[] = {
     "ids", "probs", "offsets", "label", "top1_id", "top1_prob", "doc_id", "tail_count",
     "tail_mass", "tail_max", "bin1_n", "bin1_p_sum", "bin1_hits", "label_count", "top1_count",
     "top1_counts", "top1_conf", "totals", "largest_tail", "buffer keys", "buffer probs",
-    "buffer used", "part_counts", "seq rows", "seq rows used", "doc", "touched", "current"};
+    "buffer used", "part_counts", "seq rows", "seq rows used", "doc", "touched", "current",
+    "class slots", "region counts"};
 static const Spec BATCH_SPEC[] = {
     {'i', 4, 0, 1}, {'f', 4, 0, 1}, {'i', 8, 0, 1}, {'i', 4, 0, 1}, {'i', 4, 0, 1},
     {'f', 4, 0, 1}, {'i', 8, 0, 1}, {'i', 4, 0, 1}, {'f', 8, 0, 1}, {'f', 4, 0, 1},
     {'i', 8, 1, 0}, {'f', 8, 1, 0}, {'i', 8, 1, 0}, {'i', 8, 1, 1}, {'i', 8, 1, 1},
     {'i', 8, 1, 1}, {'f', 8, 1, 1}, {'i', 8, 1, 1}, {'f', 4, 1, 1}, {'i', 8, 1, 1},
     {'f', 4, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1},
-    {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}};
+    {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}};
 
-/* batch(start, vocab, fine_bins, threshold, doc_limit, *the B_* arrays)
- * -> (code, row): _topk_kernel.batch, statement for statement */
+/* batch(start, vocab, fine_bins, threshold, doc_limit, region_bits, *the B_* arrays)
+ * -> (code, row): _topk_kernel.batch, statement for statement, when region_bits < 0.
+ * With region_bits >= 0, each entry above bin 1 goes straight into its region of
+ * the class table (as insert would put it there, entries in the same order: the
+ * same sums) instead of the buffer: while the table fits the cache, buffering
+ * and partitioning cost more than they save. A row starts only when every
+ * region has room for all its entries (else CODE_GROW_CLASSES at that row). */
 static PyObject *
 py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Arr a[B_ARRAYS];
-    int64_t start, vocab, fine_bins, doc_limit;
-    if (check_args(nargs, 5 + B_ARRAYS, "batch") < 0 || int_arg(args[0], &start) < 0
+    int64_t start, vocab, fine_bins, doc_limit, region_bits;
+    if (check_args(nargs, 6 + B_ARRAYS, "batch") < 0 || int_arg(args[0], &start) < 0
         || int_arg(args[1], &vocab) < 0 || int_arg(args[2], &fine_bins) < 0)
         return NULL;
     double threshold = PyFloat_AsDouble(args[3]);
     if (threshold == -1.0 && PyErr_Occurred())
         return NULL;
-    if (int_arg(args[4], &doc_limit) < 0)
+    if (int_arg(args[4], &doc_limit) < 0 || int_arg(args[5], &region_bits) < 0)
         return NULL;
-    if (arrs_get((PyObject **)args + 5, BATCH_SPEC, BATCH_NAMES, B_ARRAYS, a) < 0)
+    if (arrs_get((PyObject **)args + 6, BATCH_SPEC, BATCH_NAMES, B_ARRAYS, a) < 0)
         return NULL;
     const int32_t *ids = (const int32_t *)a[B_IDS].ptr;
     const float *probs = (const float *)a[B_PROBS].ptr;
@@ -294,6 +302,9 @@ py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int64_t *doc = (int64_t *)a[B_DOC].ptr;
     int64_t *touched = (int64_t *)a[B_TOUCHED].ptr;
     int64_t *current = (int64_t *)a[B_CURRENT].ptr;
+    int64_t *slots = (int64_t *)a[B_SLOTS].ptr;
+    double *slots_f = (double *)slots;
+    int64_t *region_counts = (int64_t *)a[B_REGION_COUNTS].ptr;
     double *doc_f = (double *)doc;
     Arr bin1_n = a[B_BIN1_N], bin1_p = a[B_BIN1_P], bin1_hits = a[B_BIN1_HITS];
     int64_t n_rows = a[B_LABEL].n, seq_capacity = a[B_SEQ_ROWS].n / SEQ_WIDTH;
@@ -313,16 +324,27 @@ py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         || a[B_TOP1_COUNT].n < vocab || a[B_TOP1_COUNTS].n < 2 * stride
         || a[B_TOP1_CONF].n < stride || a[B_TOTALS].n < 3 || a[B_BUF_PROBS].n < buf_size
         || a[B_DOC].n < SEQ_WIDTH * stride || a[B_TOUCHED].n < stride + 1
-        || (pmask & (pmask + 1)) != 0) {
+        || (pmask & (pmask + 1)) != 0
+        || (region_bits >= 0
+            && (region_bits > 40 || a[B_REGION_COUNTS].n < (int64_t)pmask + 1
+                || a[B_SLOTS].n < (((int64_t)pmask + 1) << region_bits) * CLASS_WIDTH))) {
         arr_release(a, B_ARRAYS);
         PyErr_SetString(PyExc_ValueError, "batch: arrays of the wrong sizes");
         return NULL;
     }
+    int direct = region_bits >= 0;
+    uint64_t region_mask = direct ? ((uint64_t)1 << region_bits) - 1 : 0;
+    int64_t region_full = direct ? (((int64_t)3) << region_bits) >> 2 : 0, most = 0;
+    for (int64_t q = 0; direct && q <= (int64_t)pmask; q++)
+        if (region_counts[q] > most)
+            most = region_counts[q];
     Py_BEGIN_ALLOW_THREADS
     for (int64_t i = start; i < n_rows; i++) {
         int64_t lo = offsets[i], hi = offsets[i + 1];
         if (seq_n[0] + stride > seq_capacity) { code = CODE_GROW; at = i; break; }
-        if (buf_n[0] + hi - lo > buf_size) { code = CODE_FULL; at = i; break; }
+        if (direct) {
+            if (most + hi - lo > region_full) { code = CODE_GROW_CLASSES; at = i; break; }
+        } else if (buf_n[0] + hi - lo > buf_size) { code = CODE_FULL; at = i; break; }
         int64_t label = labels[i];
         if (label < 0 || label >= vocab) { code = CODE_BAD_LABEL; at = i; break; }
         int64_t top1 = top1_ids[i];
@@ -358,10 +380,32 @@ py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 h1 += hit;
             } else {
                 uint64_t b = (uint64_t)ceil_index(v64 * bins_f);
-                buf_keys[eu] = (c << 32) | (hit << 31) | (int64_t)b;
-                buf_probs[eu] = v;
-                eu += 1;
-                part_counts[(uint64_t)c & pmask] += 1;
+                if (direct) { /* insert's probe, in the entry's region */
+                    int64_t key = (c << 32) | (int64_t)b;
+                    uint64_t q = (uint64_t)c & pmask, base = q << region_bits;
+                    uint64_t h = (uint64_t)hash_of(key, (int64_t)region_mask), s;
+                    for (;;) {
+                        s = (base + h) * CLASS_WIDTH;
+                        int64_t k = slots[s];
+                        if (k == key)
+                            break;
+                        if (k == EMPTY) { /* room: checked at the row's start */
+                            slots[s] = key;
+                            if (++region_counts[q] > most)
+                                most = region_counts[q];
+                            break;
+                        }
+                        h = (h + 1) & region_mask;
+                    }
+                    slots[s + CLASS_N] += 1;
+                    slots[s + CLASS_HITS] += hit;
+                    slots_f[s + CLASS_P_SUM] += v64;
+                } else {
+                    buf_keys[eu] = (c << 32) | (hit << 31) | (int64_t)b;
+                    buf_probs[eu] = v;
+                    eu += 1;
+                    part_counts[(uint64_t)c & pmask] += 1;
+                }
                 int64_t *row = doc + b * SEQ_WIDTH;
                 int64_t n_b = row[SEQ_N];
                 if (n_b == 0)
@@ -1114,10 +1158,11 @@ PyInit__native(void)
     /* the layout compiled in: the wrapper compares it with topk_format's */
     PyObject *layout = Py_BuildValue(
         "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,"
-        "s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:L}",
+        "s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:L}",
         "OK", CODE_OK, "BAD_ID", CODE_BAD_ID, "BAD_PROB", CODE_BAD_PROB, "GROW", CODE_GROW,
         "FULL", CODE_FULL, "BAD_LABEL", CODE_BAD_LABEL, "BAD_TOP1", CODE_BAD_TOP1,
-        "BAD_TOP1_PROB", CODE_BAD_TOP1_PROB, "BAD_DOC", CODE_BAD_DOC, "CLASS_KEY", CLASS_KEY,
+        "BAD_TOP1_PROB", CODE_BAD_TOP1_PROB, "BAD_DOC", CODE_BAD_DOC,
+        "GROW_CLASSES", CODE_GROW_CLASSES, "CLASS_KEY", CLASS_KEY,
         "CLASS_N", CLASS_N, "CLASS_HITS", CLASS_HITS, "CLASS_P_SUM", CLASS_P_SUM,
         "CLASS_WIDTH", CLASS_WIDTH, "SEQ_KEY", SEQ_KEY, "SEQ_N", SEQ_N, "SEQ_HITS", SEQ_HITS,
         "SEQ_TOP1_N", SEQ_TOP1_N, "SEQ_CORRECT", SEQ_CORRECT, "SEQ_P_SUM", SEQ_P_SUM,
