@@ -50,6 +50,11 @@ def test_realistic_section_measures_whole_processes(tmp_path):
     assert h["numba_startup_seconds"] == pytest.approx(
         best["numba_startup_floor_process"] - best["command_imports_process"]
     )
+    assert h["cpu_bound_seconds"] == pytest.approx(best["aggregate_cpu"] / h["cpus"])
+    assert h["cpu_bound_ratio_to_plain_scan"] == pytest.approx(
+        best["scan"] / h["cpu_bound_seconds"]
+    )
+    assert best["aggregate_cpu"] > 0 and h["aggregate_cpu_seconds"] == best["aggregate_cpu"]
     assert best["reader_floor_process"] > 0 and best["startup_floor_process"] > 0
     assert best["aggregate_numba"] > 0  # the same run with numba's kernels, the baseline
     assert r["speedup_over_numba_kernels"]["ratio"] == pytest.approx(
