@@ -546,6 +546,80 @@ READER_IMPORTS = {"pyarrow": "import numpy, pyarrow.parquet", "duckdb": "import 
 COMMAND_IMPORTS = "import pipeline.cli, pipeline.cli.aggregate, pipeline.aggregate"
 
 
+# One fresh process (its memory faulted in afresh, as a user's): the CPU time
+# of each step of `aggregate`, one after another on one thread, over every
+# shard. Printed as JSON on its last line.
+_CPU_STEPS = """
+import json, sys, tempfile, time
+from pathlib import Path
+run_dir, fine_bins = Path(sys.argv[1]), int(sys.argv[2])
+cpu = time.process_time
+steps = dict.fromkeys(("hash", "decode", "kernel", "scores", "write"), 0.0)
+t = cpu()
+import numpy, pyarrow.parquet as pq
+from pipeline.aggregate import positions, topk_pass
+from pipeline.aggregate.shard_map import _MAP_COLUMNS
+from pipeline.core.arrow_numpy import numpy_table
+from pipeline.store import tablestore
+from pipeline.store.hashes import file_sha256
+from pipeline.store.run import open_run
+from pipeline.store.schema import TABLE_SCHEMAS
+imports = cpu() - t
+for shard in open_run(run_dir).shards:
+    t = cpu()
+    for rel in shard.entry["files"]:
+        file_sha256(run_dir / rel)
+    steps["hash"] += cpu() - t
+    path = shard.path("positions")
+    pf = pq.ParquetFile(path)
+    columns = list(dict.fromkeys([*_MAP_COLUMNS, *positions.scores_columns(pf.schema_arrow.names)]))
+    state = topk_pass.TopkShardPass(vocab_size=shard.vocab_size, fine_bins=fine_bins)
+    scan = positions.PositionScan(keep_pairs=False, fine_bins=fine_bins)
+    batches = pf.iter_batches(topk_pass.BATCH_ROWS, columns=columns, use_threads=False)
+    while True:  # batch by batch, as aggregate streams them (no batch kept)
+        t = cpu()
+        batch = next(batches, None)
+        steps["decode"] += cpu() - t
+        if batch is None:
+            break
+        t = cpu()
+        state.add_batch(batch)
+        steps["kernel"] += cpu() - t
+        t = cpu()
+        scan.add_sums(scan.batch_sums(batch))
+        steps["scores"] += cpu() - t
+    t = cpu()
+    tables = {n: numpy_table(c, TABLE_SCHEMAS[n]) for n, c in state.tables().items()}
+    steps["kernel"] += cpu() - t
+    t = cpu()
+    with tempfile.TemporaryDirectory() as tmp:
+        tablestore.write_part_tables(Path(tmp), tables)
+        for name, table in tables.items():
+            tablestore.write_table_file(table, Path(tmp) / f"final-{name}.parquet")
+    steps["write"] += cpu() - t
+print(json.dumps({"imports": imports, **steps}))
+"""
+
+
+def cpu_steps(run_dir: Path) -> dict:
+    """CPU seconds of each step of `aggregate` (the imports of `_CPU_STEPS`,
+    the sha256 of the shard files, pyarrow's decode of the map's and the
+    scores' columns, the map's kernel and its tables, the scores' pass, the
+    part files and the final tables written), one after another on one thread
+    in a fresh process: what the work costs, apart from how it is scheduled.
+    Writes the tables of the last shard only once each, as a one-shard run's
+    reduce does."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _CPU_STEPS, str(run_dir), str(DEFAULT_FINE_BINS_)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def headline_reach(best: dict, target: float = 0.3) -> dict:
     """What the issue's headline figure (the scan in-process / `fullece
     aggregate` as a process >= `target`) leaves for the work, from the best
@@ -612,7 +686,7 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
     process_aggregate(run_dir, kernels="numba")  # warm: page cache, numba's on-disk cache
     timed_aggregate(run_dir)  # and this process's kernels
     names = ("aggregate", "aggregate_cpu", "aggregate_numba", "aggregate_in_process", "scan",
-             "group_by",
+             "group_by", "startup_floor_cpu",
              "scan_process", "group_by_process", "startup_floor_process",
              "numba_startup_floor_process", "command_imports_process",
              "reader_floor_process")  # fmt: skip
@@ -629,15 +703,20 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
         runs["group_by"].append(_duckdb_query(sql_group)[0])
         runs["scan_process"].append(process_duckdb(sql_scan)["seconds"])
         runs["group_by_process"].append(process_duckdb(sql_group)["seconds"])
-        runs["startup_floor_process"].append(process_startup_floor()["seconds"])
+        floor = process_startup_floor()
+        runs["startup_floor_process"].append(floor["seconds"])
+        runs["startup_floor_cpu"].append(floor["cpu_seconds"])
         runs["numba_startup_floor_process"].append(process_startup_floor("numba")["seconds"])
         runs["command_imports_process"].append(python_process(COMMAND_IMPORTS)["seconds"])
         runs["reader_floor_process"].append(
             min(python_process(code)["seconds"] for code in READER_IMPORTS.values())
         )
     best = {k: min(v) for k, v in runs.items()}
+    steps = [cpu_steps(run_dir) for _ in range(repeat)]
     r = {
         "what": what,
+        # least CPU seconds of each step over `repeat` fresh processes
+        "cpu_steps_seconds": {k: min(x[k] for x in steps) for k in steps[0]},
         **stats,
         "seconds_best": best,
         "seconds_all": runs,
@@ -687,7 +766,9 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
         f"{best['aggregate_in_process']:.2f} s\n"
         f"  CPU: fullece aggregate uses {h['aggregate_cpu_seconds']:.2f} CPU-s (user + system, "
         f"least of {repeat}); over {h['cpus']} cores at best {h['cpu_bound_seconds']:.2f} s: "
-        f"a ratio of {h['cpu_bound_ratio_to_plain_scan']:.2f} to the scan however scheduled"
+        f"a ratio of {h['cpu_bound_ratio_to_plain_scan']:.2f} to the scan however scheduled; "
+        f"start-up floor {best['startup_floor_cpu']:.2f} CPU-s; its steps one by one (CPU-s): "
+        + ", ".join(f"{k} {v:.3f}" for k, v in r["cpu_steps_seconds"].items())
     )
     return r
 

@@ -55,6 +55,9 @@ def test_realistic_section_measures_whole_processes(tmp_path):
         best["scan"] / h["cpu_bound_seconds"]
     )
     assert best["aggregate_cpu"] > 0 and h["aggregate_cpu_seconds"] == best["aggregate_cpu"]
+    steps = r["cpu_steps_seconds"]  # each step of the work, one by one in a fresh process
+    assert set(steps) == {"imports", "hash", "decode", "kernel", "scores", "write"}
+    assert all(v >= 0 for v in steps.values()) and steps["imports"] > 0
     assert best["reader_floor_process"] > 0 and best["startup_floor_process"] > 0
     assert best["aggregate_numba"] > 0  # the same run with numba's kernels, the baseline
     assert r["speedup_over_numba_kernels"]["ratio"] == pytest.approx(
