@@ -127,3 +127,24 @@ def test_the_aggregate_command_imports_no_numpy_before_it_starts_hashing():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("user_value", [None, "3"])
+def test_the_aggregate_command_starts_no_blas_threads(tmp_path, user_value):
+    """`aggregate` does no linear algebra: it asks OpenBLAS for one thread
+    before numpy imports, unless the user chose a number."""
+    code = (
+        "import os, sys\n"
+        "from pipeline.cli import main\n"
+        f"sys.argv = ['fullece', 'aggregate', {str(tmp_path / 'missing')!r}, '--quiet']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('numpy' in sys.modules, os.environ.get('OPENBLAS_NUM_THREADS'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if user_value is not None:
+        env["OPENBLAS_NUM_THREADS"] = user_value
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.strip().splitlines()[-1] == f"True {user_value or '1'}", out.stderr

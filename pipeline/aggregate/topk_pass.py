@@ -295,7 +295,6 @@ class TopkShardPass:
     def add_batch(self, batch) -> None:
         """One Arrow record batch of the positions schema (any row count)."""
         kernels = _kernels()
-        k, f = self.vocab_size, self.fine_bins
         n = batch.num_rows
         if n == 0:
             return

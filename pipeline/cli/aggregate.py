@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -79,6 +81,11 @@ def aggregate_command(run_dirs, out, fine_bins, memory_limit, quiet, allow_mixed
     slices) and come from one model (unless --allow-mixed-models).
     """
     t0 = time.perf_counter()
+    if "numpy" not in sys.modules:  # else too late to matter
+        # no linear algebra here: OpenBLAS's threads, started by numpy's import,
+        # would only spin on the core the first shard is hashed on (about 0.1
+        # CPU-s per process, docs/performance.md); a value set by the user stays
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from pipeline.store.hashes import prehash_first_shards
 
     # the first shard is hashed (verified) while numpy and pyarrow import, on
