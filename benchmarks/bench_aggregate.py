@@ -442,14 +442,24 @@ def _group_by_sql(run_dir: Path, fine_bins: int) -> str:
     )
 
 
-def _duckdb_query(sql: str) -> tuple[float, tuple]:
+def _process_cpu() -> float:
+    """This process's CPU seconds so far (user + system, every thread)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _duckdb_query(sql: str, cpu: list | None = None) -> tuple[float, tuple]:
+    """(wall seconds, first row) of `sql` in this process; `cpu`, when given,
+    receives the query's CPU seconds (DuckDB's threads included)."""
     import duckdb
 
     con = duckdb.connect()
     con.execute(f"SET threads={os.cpu_count()}")
-    t0 = time.perf_counter()
+    c0, t0 = _process_cpu(), time.perf_counter()
     row = con.execute(sql).fetchone()
     dt = time.perf_counter() - t0
+    if cpu is not None:
+        cpu.append(_process_cpu() - c0)
     con.close()
     return dt, row
 
@@ -686,7 +696,7 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
     process_aggregate(run_dir, kernels="numba")  # warm: page cache, numba's on-disk cache
     timed_aggregate(run_dir)  # and this process's kernels
     names = ("aggregate", "aggregate_cpu", "aggregate_numba", "aggregate_in_process", "scan",
-             "group_by", "startup_floor_cpu",
+             "group_by", "startup_floor_cpu", "scan_cpu", "group_by_cpu",
              "scan_process", "group_by_process", "startup_floor_process",
              "numba_startup_floor_process", "command_imports_process",
              "reader_floor_process")  # fmt: skip
@@ -699,8 +709,8 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
         rss.append(a["peak_rss_bytes"])
         runs["aggregate_numba"].append(process_aggregate(run_dir, kernels="numba")["seconds"])
         runs["aggregate_in_process"].append(timed_aggregate(run_dir))
-        runs["scan"].append(_duckdb_query(sql_scan)[0])
-        runs["group_by"].append(_duckdb_query(sql_group)[0])
+        runs["scan"].append(_duckdb_query(sql_scan, runs["scan_cpu"])[0])
+        runs["group_by"].append(_duckdb_query(sql_group, runs["group_by_cpu"])[0])
         runs["scan_process"].append(process_duckdb(sql_scan)["seconds"])
         runs["group_by_process"].append(process_duckdb(sql_group)["seconds"])
         floor = process_startup_floor()
@@ -767,7 +777,9 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
         f"  CPU: fullece aggregate uses {h['aggregate_cpu_seconds']:.2f} CPU-s (user + system, "
         f"least of {repeat}); over {h['cpus']} cores at best {h['cpu_bound_seconds']:.2f} s: "
         f"a ratio of {h['cpu_bound_ratio_to_plain_scan']:.2f} to the scan however scheduled; "
-        f"start-up floor {best['startup_floor_cpu']:.2f} CPU-s; its steps one by one (CPU-s): "
+        f"start-up floor {best['startup_floor_cpu']:.2f} CPU-s; DuckDB in-process: scan "
+        f"{best['scan_cpu']:.2f}, GROUP BY {best['group_by_cpu']:.2f} CPU-s; "
+        "aggregate's steps one by one (CPU-s): "
         + ", ".join(f"{k} {v:.3f}" for k, v in r["cpu_steps_seconds"].items())
     )
     return r

@@ -55,6 +55,7 @@ def test_realistic_section_measures_whole_processes(tmp_path):
         best["scan"] / h["cpu_bound_seconds"]
     )
     assert best["aggregate_cpu"] > 0 and h["aggregate_cpu_seconds"] == best["aggregate_cpu"]
+    assert best["scan_cpu"] > 0 and best["group_by_cpu"] > 0
     steps = r["cpu_steps_seconds"]  # each step of the work, one by one in a fresh process
     assert set(steps) == {"imports", "hash", "decode", "kernel", "scores", "write"}
     assert all(v >= 0 for v in steps.values()) and steps["imports"] > 0
