@@ -215,6 +215,44 @@ def test_grouping_through_every_growth_path(tmp_path, monkeypatch, kernels):
     assert_table_columns_equal(tables, want)
 
 
+def test_a_one_shard_runs_tables_are_its_part_files(tmp_path, case):
+    """A run of one shard: its part files are written as the tables are, and
+    the tables are their bytes, copied: the same bytes the tables' encoder
+    writes (also when the part is reused). Several shards: lz4 part files,
+    the tables encoded from their sum."""
+    import json
+
+    from pipeline.store import tablestore
+    from pipeline.store.tablestore import TABLE_NAMES, verify_tables
+
+    run = tmp_path / "one"
+    write_run(run, case, k=4, shard_rows=1000)
+    for reused in (False, True):
+        if reused:  # the tables gone, the part kept: the reduce reads it back
+            for name in TABLE_NAMES:
+                (run / "tables" / f"{name}.parquet").unlink()
+            (run / "tables" / "meta.json").unlink()
+        aggregate([run])
+        part = run / "tables" / "parts" / "00000"
+        assert json.loads((part / "part.json").read_text())["as_tables"] is True
+        for name in TABLE_NAMES:
+            final = (run / "tables" / f"{name}.parquet").read_bytes()
+            assert final == (part / f"{name}.parquet").read_bytes(), name
+            again = tmp_path / f"{name}-{reused}.parquet"
+            tablestore.write_table_file(pq.read_table(run / "tables" / f"{name}.parquet"), again)
+            assert again.read_bytes() == final, name  # what encoding the table writes
+        verify_tables(run / "tables")
+    several = tmp_path / "several"
+    write_run(several, case, k=4, shard_rows=45)
+    aggregate([several])
+    parts = sorted((several / "tables" / "parts").iterdir())
+    assert len(parts) == 5
+    for part in parts:
+        assert "as_tables" not in json.loads((part / "part.json").read_text())
+        codec = pq.ParquetFile(part / "seq_bins.parquet").metadata.row_group(0).column(0)
+        assert codec.compression == "LZ4"
+
+
 @pytest.mark.parametrize("shard_rows", [45, 1000])  # 5 shards; 1 (its tables written as they are)
 def test_reduce_in_memory_equals_duckdb(tmp_path, case, monkeypatch, shard_rows):
     """The in-memory reduce (BinTables) and the spilling DuckDB reduce, used past

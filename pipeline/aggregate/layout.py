@@ -15,6 +15,8 @@ from pipeline.store.run import AggregateError, Run
 from pipeline.store.tablestore import TABLES_DIR
 
 PART_META = "part.json"
+# part.json's flag: the part's files were written as the tables are (a run of one shard)
+PART_AS_TABLES = "as_tables"
 PARTS_DIR = "parts"
 
 

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.aggregate.checks import _manifest_sha256, _run_inputs
+from pipeline.aggregate.layout import PART_AS_TABLES
 from pipeline.aggregate.shard_map import PartCache, _release_map_memory
 from pipeline.aggregate.sql import reduce_sql, sql_str, tail_bounds_sql
 from pipeline.core.arrow_numpy import empty_table
@@ -192,12 +193,21 @@ def _reduce_in_memory(parts, out: Path, k: int, fine_bins: int, positions, tail_
         return tables or {n: _read_part(part_dir / f"{n}.parquet") for n in TABLE_NAMES}
 
     loaded = [part_tables(part_dir) for _, _, part_dir, _ in parts]
+    # one part written as the tables are: a table equal to its part table is
+    # that file's bytes, copied (no second encode)
+    lone = parts[0][2] if len(parts) == 1 and parts[0][3].get(PART_AS_TABLES) else None
 
     def summed(name):
         return pa.concat_tables([t[name] for t in loaded])
 
     def write(table, name):
-        tablestore.write_table_file(table, out / f"{name}.parquet")
+        same = (
+            lone is not None
+            and table.schema.equals(TABLE_SCHEMAS[name], check_metadata=True)
+            and table.equals(loaded[0][name], check_metadata=True)
+        )
+        source = lone / f"{name}.parquet" if same else None
+        tablestore.write_table_file(table, out / f"{name}.parquet", same_as=source)
 
     def sparse(name):
         write(sparse_sum_arrow([t[name] for t in loaded], name, fine_bins, k), name)

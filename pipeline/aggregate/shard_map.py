@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.aggregate.layout import PART_META, parts_root
+from pipeline.aggregate.layout import PART_AS_TABLES, PART_META, parts_root
 from pipeline.core.arrow_numpy import column_numpy, numpy_table
 from pipeline.store import atomic, tablestore
 from pipeline.store.run import (
@@ -199,10 +199,15 @@ def _aggregate_topk_shard(
     tables = {
         name: numpy_table(columns, TABLE_SCHEMAS[name]) for name, columns in state.tables().items()
     }
+    # a run of one shard: its part is its tables, written as the tables are
+    # (the reduce copies the files instead of encoding the tables twice)
+    as_tables = kept is not None and kept.parts == 1
     with atomic.atomic_path(part_dir) as tmp:
         tmp.mkdir()
-        tablestore.write_part_tables(tmp, tables)
+        tablestore.write_part_tables(tmp, tables, as_tables=as_tables)
         meta = _part_meta(shard, fine_bins, positions=shard.rows, tail_max=state.tail_max)
+        if as_tables:
+            meta[PART_AS_TABLES] = True
         atomic.write_json(tmp / PART_META, meta)
     if kept is not None:
         kept.offer(part_dir, tables)

@@ -13,6 +13,7 @@ written is refused, never used.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -99,22 +100,38 @@ def parquet_writer(path, schema: pa.Schema) -> pq.ParquetWriter:
     )
 
 
-def write_table_file(table: pa.Table, path) -> None:
-    """Write one bin table atomically through :func:`parquet_writer`."""
+def write_table_file(table: pa.Table, path, same_as=None) -> None:
+    """Write one bin table atomically through :func:`parquet_writer`;
+    `same_as`: a file :func:`parquet_writer` wrote from an equal table (a
+    one-shard run's part), whose bytes are copied instead (the same bytes:
+    tests compare them)."""
     with atomic.atomic_path(path) as tmp:
+        if same_as is not None:
+            shutil.copyfile(same_as, tmp)
+            return
         with parquet_writer(tmp, table.schema) as writer:
             writer.write_table(table)
 
 
-def write_part_tables(directory: Path, tables: dict[str, pa.Table]) -> None:
+def write_part_tables(
+    directory: Path, tables: dict[str, pa.Table], *, as_tables: bool = False
+) -> None:
     """Write one shard's partial bin tables (``parts/``, a cache of the map
     step) into `directory`, the caller's atomic temporary: each as the schema
     of its table, lz4 and no statistics, since a partial table is read once, by
-    the reduce: fast to write beats small."""
+    the reduce: fast to write beats small. `as_tables`: written as the tables
+    are (:func:`parquet_writer`) instead, for a run of one shard, whose tables
+    are its part's: the reduce then copies these files (same bytes) instead of
+    encoding the same tables again."""
     for name in TABLE_NAMES:
         schema, table = TABLE_SCHEMAS[name], tables[name]
+        table = table if table.schema == schema else table.cast(schema)
+        if as_tables:
+            with parquet_writer(Path(directory) / f"{name}.parquet", schema) as writer:
+                writer.write_table(table)
+            continue
         pq.write_table(
-            table if table.schema == schema else table.cast(schema),
+            table,
             str(Path(directory) / f"{name}.parquet"),
             compression="lz4",
             use_dictionary=False,
