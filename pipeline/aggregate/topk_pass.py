@@ -61,7 +61,7 @@ _CLASSES_PER_PARTITION = 512  # a region then holds ~ all its classes' bins in L
 # With the C kernels, entries above bin 1 go straight into the class table while
 # it is at most this large (it stays in cache: a real model's kept entries fall
 # into few groups), then through the buffer and its partitions (many groups).
-# Measured in docs/performance.md ("Direct inserts").
+# Measured in docs/performance.md ("Entries straight into the class table").
 DIRECT_TABLE_BYTES = 8 << 20
 _INITIAL_REGION_BITS = 10
 # last shard's table sizes: the next shard of this process starts there (no regrowth)
