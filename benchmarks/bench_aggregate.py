@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.store.manifest import path_sha256
+from pipeline.store.hashes import path_sha256
 from pipeline.store.schema import CLASS_TAIL, POSITIONS
 
 SHARD_ROWS = 500_000
@@ -560,32 +560,30 @@ COMMAND_IMPORTS = "import pipeline.cli, pipeline.cli.aggregate, pipeline.aggrega
 # of each step of `aggregate`, one after another on one thread, over every
 # shard. Printed as JSON on its last line.
 _CPU_STEPS = """
-import json, sys, tempfile, time
+import json, shutil, sys, tempfile, time
 from pathlib import Path
 run_dir, fine_bins = Path(sys.argv[1]), int(sys.argv[2])
 cpu = time.process_time
 steps = dict.fromkeys(("hash", "decode", "kernel", "scores", "write"), 0.0)
 t = cpu()
-import numpy, pyarrow.parquet as pq
+import numpy, pyarrow as pa
 from pipeline.aggregate import positions, topk_pass
-from pipeline.aggregate.shard_map import _MAP_COLUMNS
+from pipeline.aggregate.shard_map import _map_batches
 from pipeline.core.arrow_numpy import numpy_table
 from pipeline.store import tablestore
-from pipeline.store.hashes import file_sha256
-from pipeline.store.run import open_run
+from pipeline.store.run import check_shard, open_run
 from pipeline.store.schema import TABLE_SCHEMAS
+from pipeline.store.tablestore import TABLE_NAMES
 imports = cpu() - t
-for shard in open_run(run_dir).shards:
+shards, parts = open_run(run_dir).shards, []
+out = Path(tempfile.mkdtemp())
+for i, shard in enumerate(shards):
     t = cpu()
-    for rel in shard.entry["files"]:
-        file_sha256(run_dir / rel)
+    check_shard(shard)  # the sha256 of its files, its schemas
     steps["hash"] += cpu() - t
-    path = shard.path("positions")
-    pf = pq.ParquetFile(path)
-    columns = list(dict.fromkeys([*_MAP_COLUMNS, *positions.scores_columns(pf.schema_arrow.names)]))
     state = topk_pass.TopkShardPass(vocab_size=shard.vocab_size, fine_bins=fine_bins)
     scan = positions.PositionScan(keep_pairs=False, fine_bins=fine_bins)
-    batches = pf.iter_batches(topk_pass.BATCH_ROWS, columns=columns, use_threads=False)
+    batches = _map_batches(shard, False, with_scores=True)  # the digests are cached now
     while True:  # batch by batch, as aggregate streams them (no batch kept)
         t = cpu()
         batch = next(batches, None)
@@ -602,23 +600,34 @@ for shard in open_run(run_dir).shards:
     tables = {n: numpy_table(c, TABLE_SCHEMAS[n]) for n, c in state.tables().items()}
     steps["kernel"] += cpu() - t
     t = cpu()
-    with tempfile.TemporaryDirectory() as tmp:
-        tablestore.write_part_tables(Path(tmp), tables)
-        for name, table in tables.items():
-            tablestore.write_table_file(table, Path(tmp) / f"final-{name}.parquet")
+    part = out / f"part-{i}"
+    part.mkdir()
+    tablestore.write_part_tables(part, tables, as_tables=len(shards) == 1)
+    parts.append(tables)
     steps["write"] += cpu() - t
+t = cpu()
+for name in TABLE_NAMES:  # the tables, once
+    if len(shards) == 1:  # a one-shard run's: its part's bytes
+        same = out / "part-0" / f"{name}.parquet"
+        tablestore.write_table_file(parts[0][name], out / f"{name}.parquet", same_as=same)
+    else:  # encoded (from the parts' rows, about the merged tables' size)
+        table = pa.concat_tables([p[name] for p in parts])
+        tablestore.write_table_file(table, out / f"{name}.parquet")
+steps["write"] += cpu() - t
+shutil.rmtree(out)
 print(json.dumps({"imports": imports, **steps}))
 """
 
 
 def cpu_steps(run_dir: Path) -> dict:
     """CPU seconds of each step of `aggregate` (the imports of `_CPU_STEPS`,
-    the sha256 of the shard files, pyarrow's decode of the map's and the
-    scores' columns, the map's kernel and its tables, the scores' pass, the
-    part files and the final tables written), one after another on one thread
-    in a fresh process: what the work costs, apart from how it is scheduled.
-    Writes the tables of the last shard only once each, as a one-shard run's
-    reduce does."""
+    the shards' checks with the sha256 of their files, pyarrow's decode of
+    the map's and the scores' columns with their range checks, the map's
+    kernel and its tables, the scores' pass, the part files and the tables
+    written once: a one-shard run's copied from its part, as `aggregate`
+    does), one after another on one thread in a fresh process: what the work
+    costs, apart from how it is scheduled. The reduce's merge of several
+    parts is left out (the tables are encoded from the parts' rows)."""
     proc = subprocess.run(
         [sys.executable, "-c", _CPU_STEPS, str(run_dir), str(DEFAULT_FINE_BINS_)],
         check=True,

@@ -22,7 +22,7 @@ from pipeline.aggregate import (
 from pipeline.cli.aggregate import aggregate_command
 from pipeline.core.accumulator import CalibrationAccumulator
 from pipeline.core.metrics import metrics_at
-from pipeline.store.manifest import path_sha256
+from pipeline.store.hashes import path_sha256
 from pipeline.store.schema import SchemaVersionError
 from tests.helpers.analysis_runs import (
     assert_table_columns_equal,

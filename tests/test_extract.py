@@ -19,7 +19,8 @@ pytest.importorskip("transformers")
 
 from pipeline.extract import ExtractError, run_extraction  # noqa: E402
 from pipeline.extract.windows import plan_windows  # noqa: E402
-from pipeline.store.manifest import load_manifest, path_sha256  # noqa: E402
+from pipeline.store.hashes import path_sha256  # noqa: E402
+from pipeline.store.manifest import load_manifest  # noqa: E402
 from tests.helpers.extract_models import (  # noqa: E402
     build_llama,
     synthetic_texts,

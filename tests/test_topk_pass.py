@@ -38,7 +38,7 @@ def _reseal(run):
     would have: the checksum check passes and the kernel's own checks must fire."""
     import json
 
-    from pipeline.store.manifest import path_sha256
+    from pipeline.store.hashes import path_sha256
 
     path = run / "manifest.json"
     manifest = json.loads(path.read_text())

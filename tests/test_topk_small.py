@@ -199,7 +199,7 @@ def test_small_path_refuses_the_row_the_kernel_refuses(tmp_path, monkeypatch, co
     t = t.set_column(t.schema.get_field_index(column), field, pa.array(values, field.type))
     pq.write_table(t, pos)
     manifest = json.loads((run / "manifest.json").read_text())
-    from pipeline.store.manifest import path_sha256
+    from pipeline.store.hashes import path_sha256
 
     for shard in manifest["shards"]:
         shard["files"] = {rel: path_sha256(run / rel) for rel in shard["files"]}

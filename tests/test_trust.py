@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 from pipeline.aggregate.validate import find_problems
 from pipeline.cli import main
-from pipeline.store.manifest import path_sha256
+from pipeline.store.hashes import path_sha256
 from tests.helpers.analysis_runs import dense_case, dense_reference, write_run
 
 M = 10

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.aggregate.validate import find_problems
-from pipeline.store.manifest import path_sha256
+from pipeline.store.hashes import path_sha256
 from tests.helpers.analysis_runs import dense_case, dense_reference, write_run
 from tests.test_trust import M, cli, rewrite_manifest  # issue 9's fault-injection helpers
 

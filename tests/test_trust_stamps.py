@@ -21,8 +21,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.store.hashes import _RACY_NS
 from pipeline.store.run import open_run, run_files
-from pipeline.store.stamp import _RACY_NS, is_stamped, stamp_name
+from pipeline.store.stamp import is_stamped, stamp_name
 from tests.helpers.analysis_runs import dense_case, write_run
 from tests.test_trust import cli
 from tests.test_trust_reads import ROWS, M, flip_bit_keeping_stat, fullece, sealed_full_run

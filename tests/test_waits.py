@@ -28,7 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.store.manifest import load_manifest, path_sha256
+from pipeline.store.hashes import path_sha256
+from pipeline.store.manifest import load_manifest
 from tests.helpers.analysis_runs import dense_case, write_run
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -224,8 +224,8 @@ class TopkShardPass:
             fmt.CLASS_WIDTH, self._parts << self._region_bits, scratch.get("class")
         )
         self._region_counts = np.zeros(self._parts, np.int64)
-        # straight into the table (C kernels, table in cache) or through the buffer
-        self._direct = getattr(_kernels(), "DIRECT_INSERT", False)
+        # whether the kernels can insert straight into the table (the C ones)
+        self._direct_insert = getattr(_kernels(), "DIRECT_INSERT", False)
         # per document and bin, a seq row (topk_format.SEQ_*)
         # (rows past _seq_n are never read: no need to clear them)
         self._seq_rows = scratch.get("seq_rows")
@@ -375,9 +375,9 @@ class TopkShardPass:
 
     def _direct_table(self) -> ClassTable | None:
         """The class table, while entries go straight into it (see
-        DIRECT_TABLE_BYTES); None once they go through the buffer."""
-        self._direct = self._direct and self._class.nbytes <= DIRECT_TABLE_BYTES
-        if not self._direct:
+        DIRECT_TABLE_BYTES); None once they go through the buffer (the table
+        only grows: they never go straight in again)."""
+        if not self._direct_insert or self._class.nbytes > DIRECT_TABLE_BYTES:
             return None
         return ClassTable(self._class, self._region_counts, self._region_bits)
 

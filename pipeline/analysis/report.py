@@ -1351,7 +1351,7 @@ def claim_report_files(out_dir: Path, names: list[str], force: bool) -> dict:
     (or as being written by a report that stopped half way). Returns the
     record to keep; raises ValueError naming the other files unless `force`.
     """
-    from pipeline.store.manifest import file_sha256
+    from pipeline.store.hashes import file_sha256
 
     record = _read_record(out_dir)
     foreign = []
@@ -1510,7 +1510,7 @@ def write_report(
     ``out_dir/.fullece-report.json``. The figures are drawn by `workers`
     processes (figure_workers by default; 0: in this one); each figure's
     file is the same bytes either way."""
-    from pipeline.store.manifest import file_sha256
+    from pipeline.store.hashes import file_sha256
 
     if isinstance(run_dirs, (str, Path)):
         run_dirs = [run_dirs]

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from pipeline.errors import FulleceError
 from pipeline.store.atomic import write_bytes, write_json
-from pipeline.store.manifest import file_sha256
+from pipeline.store.hashes import file_sha256
 
 BUILDER_VERSION = 2
 CORPUS_JSON = "corpus.json"

@@ -43,7 +43,7 @@ import numpy as np
 
 from pipeline.errors import FulleceError
 from pipeline.store.atomic import atomic_path, write_json
-from pipeline.store.manifest import file_sha256
+from pipeline.store.hashes import file_sha256
 
 EOT = "<|endoftext|>"
 PLAN_FILE = "training.json"

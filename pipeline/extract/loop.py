@@ -38,7 +38,7 @@ from pipeline.extract.settings import (
     parse_slice,
 )
 from pipeline.progress import notice, size_text
-from pipeline.store.manifest import file_sha256
+from pipeline.store.hashes import file_sha256
 from pipeline.store.run import dir_label
 
 

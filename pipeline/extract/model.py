@@ -163,7 +163,7 @@ def context_length(model) -> int | None:
 
 def directory_files(directory) -> dict[str, str]:
     """{name: sha256} of the regular, non-hidden files directly in `directory`."""
-    from pipeline.store.manifest import file_sha256
+    from pipeline.store.hashes import file_sha256
 
     directory = Path(directory)
     return {

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from pipeline.extract.errors import ExtractError
 from pipeline.extract.settings import IDENTITY_KEYS
+from pipeline.store.hashes import path_sha256
 from pipeline.store.lock import LOCK_NAME
-from pipeline.store.manifest import MANIFEST_NAME, load_manifest, path_sha256, save_manifest
+from pipeline.store.manifest import MANIFEST_NAME, load_manifest, save_manifest
 from pipeline.store.shards import SHARDS_DIR
 from pipeline.store.tablestore import TABLES_DIR
 

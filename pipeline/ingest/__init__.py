@@ -43,8 +43,8 @@ def vocab_size_from_model(model_dir) -> tuple[int, dict]:
     """K from a model directory's config.json (no weights loaded; the one rule:
     pipeline.store.hf_config.vocab_size_of), and the
     manifest's ``model`` record ({path, files: {config.json: sha256}})."""
+    from pipeline.store.hashes import file_sha256
     from pipeline.store.hf_config import vocab_size_of
-    from pipeline.store.manifest import file_sha256
 
     path = Path(model_dir) / "config.json"
     if not path.is_file():

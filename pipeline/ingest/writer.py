@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 
 from pipeline.ingest.convert import ClassTailSums, EntryBatch, IngestError, convert_batch
-from pipeline.store.manifest import MANIFEST_NAME, file_sha256, load_manifest
+from pipeline.store.hashes import file_sha256
+from pipeline.store.manifest import MANIFEST_NAME, load_manifest
 from pipeline.store.run import dir_label
 from pipeline.store.schema import POSITIONS_V1
 from pipeline.store.shards import SHARDS_DIR

@@ -61,16 +61,21 @@ def path_sha256(path) -> str:
     path = Path(path)
     if not path.is_dir():
         return file_sha256(path)
-    lines = []
+    leaves = {}
     for root, dirs, files in os.walk(path):
         dirs.sort()
         for name in sorted(files):
             full = Path(root) / name
-            rel = full.relative_to(path).as_posix()
-            lines.append(f"{rel}\0{file_sha256(full)}\n")
+            leaves[full.relative_to(path).as_posix()] = file_sha256(full)
+    return tree_digest(leaves)
+
+
+def tree_digest(file_digests: dict[str, str]) -> str:
+    """The directory digest of :func:`path_sha256`, from the per-file sha256
+    (relpath -> hex) instead of the files (a sealed Zarr store's chunk index)."""
     h = hashlib.sha256()
-    for line in sorted(lines):
-        h.update(line.encode())
+    for rel in sorted(file_digests):
+        h.update(f"{rel}\0{file_digests[rel]}\n".encode())
     return h.hexdigest()
 
 

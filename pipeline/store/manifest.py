@@ -31,7 +31,6 @@ from pathlib import Path
 
 from pipeline.core.binning import m_exact_from_tail_max
 from pipeline.errors import FulleceError
-from pipeline.store.hashes import file_sha256, path_sha256  # noqa: F401  (re-exported)
 from pipeline.store.schema import check_version
 
 MANIFEST_NAME = "manifest.json"

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import FulleceError
+from pipeline.store.hashes import file_sha256, tree_digest
 from pipeline.store.schema import (
     CLASS_TAIL,
     POSITIONS,
@@ -266,7 +267,7 @@ def zarr_has_checksums(logits, lse) -> bool:
 
 
 # ------------------------------------------------------------ chunk index
-# A Zarr store's entry in the manifest is the tree digest of path_sha256:
+# A Zarr store's entry in the manifest is the tree digest of hashes.path_sha256:
 # sha256 of the sorted lines "relpath\0sha256(file)\n" of every file below it.
 # The extractor also writes those per-file sha256 (the leaves) into the store as
 # CHUNK_INDEX_NAME, which enters the tree digest like any file. A reader then
@@ -297,24 +298,11 @@ def _store_files(path: Path) -> dict[str, Path]:
     return out
 
 
-def tree_digest(file_digests: dict[str, str]) -> str:
-    """The directory digest of :func:`pipeline.store.manifest.path_sha256`, from
-    the per-file sha256 (relpath -> hex) instead of the files."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for rel in sorted(file_digests):
-        h.update(f"{rel}\0{file_digests[rel]}\n".encode())
-    return h.hexdigest()
-
-
 def seal_logits_store(path) -> str:
     """Write the chunk index of a finished Zarr store at `path` and return the
     store's digest for the manifest (equal to ``path_sha256(path)``)."""
     import hashlib
     import json
-
-    from pipeline.store.manifest import file_sha256
 
     path = Path(path)
     leaves = {

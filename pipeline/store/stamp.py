@@ -18,13 +18,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from pathlib import Path
 
+from pipeline.store.hashes import _settled
+
 STAMP_VERSION = 1
-# Files changed this recently may change again within one timestamp tick with
-# the same stat: no stamp then (git's "racy" rule; hashes._RACY_NS).
-_RACY_NS = 2_000_000_000
 
 
 def file_fingerprints(path) -> list | None:
@@ -67,7 +65,7 @@ def stamp_name(kind: str, args, paths) -> str | None:
             return None
         found += prints
     newest = max((max(p[4], p[5]) for p in found), default=0)
-    if time.time_ns() - newest <= _RACY_NS:
+    if not _settled(newest):  # may change again within one timestamp tick: no stamp
         return None
     body = json.dumps([STAMP_VERSION, __version__, kind, args, found], default=str)
     return hashlib.sha256(body.encode()).hexdigest()

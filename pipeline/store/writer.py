@@ -23,7 +23,8 @@ import pyarrow as pa
 
 from pipeline.defaults import __version__
 from pipeline.store.atomic import fsync_dir
-from pipeline.store.manifest import path_sha256, save_manifest, summarize_shards
+from pipeline.store.hashes import path_sha256
+from pipeline.store.manifest import save_manifest, summarize_shards
 from pipeline.store.schema import POSITIONS, SCHEMA_VERSION
 from pipeline.store.shards import (
     SHARDS_DIR,

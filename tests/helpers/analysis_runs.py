@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.store.manifest import path_sha256
+from pipeline.store.hashes import path_sha256
 from pipeline.store.schema import CLASS_TAIL, POSITIONS, POSITIONS_V1
 
 MANIFEST_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "manifest.v1.schema.json"
