@@ -804,10 +804,11 @@ def grouping_engines(positions: Path, vocab_size: int, repeat: int = 3) -> dict:
     import polars as pl
 
     from pipeline.aggregate.topk_pass import BATCH_ROWS, TopkShardPass
+    from pipeline.store.batches import row_group_batches
 
     columns = ["doc_id", "label", "top1_id", "top1_prob", "kept_ids", "kept_probs",
                "tail_count", "tail_mass", "tail_max"]  # fmt: skip
-    batches = list(pq.ParquetFile(positions).iter_batches(BATCH_ROWS, columns=columns))
+    batches = list(row_group_batches(pq.ParquetFile(positions), BATCH_ROWS, columns))
     whole = pa.Table.from_batches(batches)
     ids = whole.column("kept_ids").combine_chunks().values.to_numpy()
     probs = whole.column("kept_probs").combine_chunks().values.to_numpy()

@@ -131,3 +131,46 @@ def test_first_read_holds_an_eighth_of_the_memory_limit(tmp_path, monkeypatch):
     aggregate(tmp_path / "run", progress=False, memory_limit="64MB")
     assert bounds[0] == 64 * 10**6 // shard_map._FIRST_READ_SHARE == 8 * 10**6
     assert bounds[1:] == [0, 0]  # the two other shards: one batch ahead
+
+
+@pytest.mark.parametrize("use_threads", [True, False])
+def test_a_shards_reader_holds_one_row_group_not_every_one_read(tmp_path, use_threads):
+    """Positions are read by a reader per row group: one reader over the whole
+    file (pyarrow's default pre-buffering) keeps every row group it has read
+    until it ends, so its memory grew with the file (here 28 MB for 24 row
+    groups of 1 MB). Arrow's allocated bytes stay within a few batches."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from pipeline.store.batches import row_group_batches
+
+    rng = np.random.default_rng(0)
+    rows, kept, group_rows = 48_000, 64, 2_000
+    offsets = pa.array(np.arange(0, rows * kept + 1, kept, dtype=np.int32))
+    table = pa.table(
+        {
+            "kept_ids": pa.ListArray.from_arrays(
+                offsets, pa.array(rng.integers(0, 32_000, rows * kept).astype(np.int32))
+            ),
+            "kept_probs": pa.ListArray.from_arrays(
+                offsets, pa.array(rng.random(rows * kept, dtype=np.float32))
+            ),
+        }
+    )
+    path = tmp_path / "positions.parquet"
+    pq.write_table(table, path, row_group_size=group_rows, compression="zstd")
+    pf = pq.ParquetFile(path)
+    assert pf.metadata.num_row_groups == rows // group_rows
+    base, peak, seen, largest = pa.total_allocated_bytes(), 0, 0, 0
+    for batch in row_group_batches(
+        pf, group_rows, ["kept_ids", "kept_probs"], use_threads=use_threads
+    ):
+        peak = max(peak, pa.total_allocated_bytes() - base)
+        largest = max(largest, batch.nbytes)
+        assert (
+            batch.column("kept_ids").values.to_numpy()[0]
+            == table.column("kept_ids")[seen].values[0].as_py()
+        )
+        seen += batch.num_rows
+    assert seen == rows
+    assert peak <= 6 * largest, (peak, largest)

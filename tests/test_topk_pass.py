@@ -124,13 +124,17 @@ def test_label_kept_twice_is_refused(tmp_path, map_path, case):
         aggregate([run])
 
 
-def test_interleaved_documents_sum_right(tmp_path, map_path):
+@pytest.mark.parametrize("shard_rows", [90, 1000])  # 3 shards; 1 (its part is its tables)
+def test_interleaved_documents_sum_right(tmp_path, map_path, shard_rows):
+    """A document that comes back later in a shard (its seq rows then repeat
+    (doc, bin) keys, out of order) is summed into one row per bin, also in a
+    run of one shard, whose tables are its map's part as it wrote it."""
     case = dense_case(240, 25, seed=8, docs=10)
     order = np.argsort(np.arange(case.n) % 7, kind="stable")  # documents split into runs
     for name in ("logits", "probs", "labels", "doc_ids", "lse"):
         setattr(case, name, getattr(case, name)[order])
     run = tmp_path / "run"
-    manifest = write_run(run, case, k=4, shard_rows=90)
+    manifest = write_run(run, case, k=4, shard_rows=shard_rows)
     tables = aggregate_runs([run])
     acc = CalibrationAccumulator(vocab_size=manifest["vocab_size"])
     accumulate_kept(acc, run, manifest)
@@ -359,3 +363,31 @@ def test_kernel_and_sql_bin_as_the_one_rule_at_every_edge(fine_bins):
     con.register("vals", pa.table({"i": np.arange(n), "p": vals}))
     got_sql = con.sql(f"SELECT {bin_sql('p', fine_bins)} AS b FROM vals ORDER BY i").fetchnumpy()
     assert np.array_equal(got_sql["b"], expected)
+
+
+@pytest.mark.parametrize(
+    "docs", [[0, 0, 1, 2], [0, 1, 0, 2], [-3, -3, -1, 2]], ids=["in order", "back", "negative"]
+)
+def test_seq_rows_become_one_sorted_row_per_document_and_bin(docs):
+    """The map's seq rows (documents as they came, each document's bins in
+    order) become seq_bins: one row per (document, bin), sorted, its values
+    summed, whether or not a document came back later in the shard."""
+    from pipeline.aggregate import topk_format as fmt
+    from pipeline.aggregate.topk_pass import _seq_bins
+
+    stride, bins = 11, [3, 7, 3, 1]
+    rows = np.zeros((len(docs), fmt.SEQ_WIDTH), np.int64)
+    rows[:, fmt.SEQ_KEY] = np.asarray(docs) * stride + np.asarray(bins)
+    rows[:, fmt.SEQ_N] = [1, 2, 4, 8]
+    rows.view(np.float64)[:, fmt.SEQ_P_SUM] = [0.5, 0.25, 0.125, 1.0]
+    table = _seq_bins(rows, stride)
+    expected: dict = {}
+    for doc, b, n, p in zip(docs, bins, [1, 2, 4, 8], [0.5, 0.25, 0.125, 1.0], strict=True):
+        got = expected.setdefault((doc, b), [0, 0.0])
+        got[0] += n
+        got[1] += p
+    keys = sorted(expected)
+    assert table.ids.tolist() == [d for d, _ in keys]
+    assert table.bins.tolist() == [b for _, b in keys] and table.bins.dtype == np.int32
+    assert table.values["n"].tolist() == [expected[k][0] for k in keys]
+    assert table.values["p_sum"].tolist() == [expected[k][1] for k in keys]

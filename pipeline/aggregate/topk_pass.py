@@ -190,7 +190,10 @@ def _seq_bins(rows: np.ndarray, stride: int) -> SparseBins:
         "conf_sum": floats[:, fmt.SEQ_CONF_SUM].copy(),
         "correct": rows[:, fmt.SEQ_CORRECT].copy(),
     }
-    return SparseBins.from_parts(keys // stride, keys % stride, values, stride)
+    ids = keys // stride
+    if keys.size < 2 or bool(np.all(keys[1:] > keys[:-1])):  # one row per (doc, bin), in order
+        return SparseBins(ids, (keys - ids * stride).astype(np.int32), values)
+    return SparseBins.from_parts(ids, keys % stride, values, stride)
 
 
 class KeptEntryError(FulleceError):

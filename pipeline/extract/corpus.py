@@ -149,9 +149,11 @@ def _iter_jsonl(path: Path, field: str):
 def _iter_parquet(path: Path, field: str):
     import pyarrow.parquet as pq
 
+    from pipeline.store.batches import row_group_batches
+
     pf = pq.ParquetFile(str(path))
     row = 0
-    for batch in pf.iter_batches(batch_size=8192, columns=[field]):
+    for batch in row_group_batches(pf, 8192, [field]):
         values = batch.column(0).to_pylist()
         for text in values:
             if not isinstance(text, str):

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from pipeline.defaults import DEFAULT_FINE_BINS
 from pipeline.ingest.convert import EntryBatch, IngestError
+from pipeline.store.batches import row_group_batches
 
 REQUIRED = ("doc_id", "label", "ids", "logprobs")
 OPTIONAL = ("offset", "label_logprob")
@@ -109,7 +110,7 @@ def _check_range(values: np.ndarray, name: str, lo: int, hi: int, why: str, wher
 def _batches(pf: pq.ParquetFile, path: Path, batch_rows: int, columns: list[str]):
     """pf's record batches; a damaged page becomes an error naming the file and row."""
     rows = 0
-    batches = pf.iter_batches(batch_size=batch_rows, columns=columns)
+    batches = row_group_batches(pf, batch_rows, columns)
     while True:
         try:
             batch = next(batches)

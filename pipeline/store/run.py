@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from pipeline.core.arrow_numpy import column_numpy, empty_table
 from pipeline.store import runpaths
+from pipeline.store.batches import row_group_batches
 from pipeline.store.manifest import AggregateError, RunError, load_manifest
 from pipeline.store.schema import (
     SCHEMA_VERSION,
@@ -531,7 +532,7 @@ def iter_positions(
     if checked is not None:
         ranges = {name: ranges[name] for name in checked}
     row = 0
-    batches = pf.iter_batches(batch_size=batch_rows, columns=list(columns), use_threads=use_threads)
+    batches = row_group_batches(pf, batch_rows, list(columns), use_threads=use_threads)
     while True:
         try:
             batch = next(batches, None)
