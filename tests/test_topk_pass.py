@@ -376,10 +376,10 @@ def test_seq_rows_become_one_sorted_row_per_document_and_bin(docs):
     from pipeline.aggregate.topk_pass import _seq_bins
 
     stride, bins = 11, [3, 7, 3, 1]
-    rows = np.zeros((len(docs), fmt.SEQ_WIDTH), np.int64)
-    rows[:, fmt.SEQ_KEY] = np.asarray(docs) * stride + np.asarray(bins)
-    rows[:, fmt.SEQ_N] = [1, 2, 4, 8]
-    rows.view(np.float64)[:, fmt.SEQ_P_SUM] = [0.5, 0.25, 0.125, 1.0]
+    rows = np.zeros((fmt.SEQ_WIDTH, len(docs)), np.int64)  # as columns
+    rows[fmt.SEQ_KEY] = np.asarray(docs) * stride + np.asarray(bins)
+    rows[fmt.SEQ_N] = [1, 2, 4, 8]
+    rows.view(np.float64)[fmt.SEQ_P_SUM] = [0.5, 0.25, 0.125, 1.0]
     table = _seq_bins(rows, stride)
     expected: dict = {}
     for doc, b, n, p in zip(docs, bins, [1, 2, 4, 8], [0.5, 0.25, 0.125, 1.0], strict=True):

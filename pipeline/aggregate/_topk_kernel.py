@@ -165,9 +165,9 @@ def flush(documents, stride):
         b = touched[t]
         r = seq_n[0]
         seq_n[0] = r + 1
-        seq_rows[r, SEQ_KEY] = base + b
-        for col in range(SEQ_KEY + 1, SEQ_MARKED):  # the sums: same layout, bits copied
-            seq_rows[r, col] = doc[b, col]
+        seq_rows[SEQ_KEY, r] = base + b
+        for col in range(SEQ_KEY + 1, SEQ_MARKED):  # the sums: same columns, bits copied
+            seq_rows[col, r] = doc[b, col]
         doc[b, :] = 0
     touched[0] = 0
 
@@ -213,7 +213,7 @@ def batch(start, rows, rules, sums, buffer, documents):
     pmask = np.uint64(parts_mask)
     for i in range(start, labels.size):
         lo, hi = offsets[i], offsets[i + 1]
-        if seq_n[0] + stride > seq_rows.shape[0]:
+        if seq_n[0] + stride > seq_rows.shape[1]:
             return _GROW, i
         if buf_n[0] + hi - lo > buf_keys.size:
             return _FULL, i

@@ -122,7 +122,7 @@ class ClassTable(NamedTuple):
 class DocumentBins(NamedTuple):
     """The seq rows written so far and the current document's bins."""
 
-    rows: np.ndarray  # seq rows (SEQ_WIDTH columns)
+    rows: np.ndarray  # seq rows as columns: (SEQ_WIDTH, capacity), row r at rows[:, r]
     used: np.ndarray  # [rows used]
     doc: np.ndarray  # the current document's row per bin (SEQ_WIDTH columns)
     touched: np.ndarray  # [count, bins the document touched...]

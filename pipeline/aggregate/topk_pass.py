@@ -148,10 +148,11 @@ def _new_table(width: int, cap: int, reuse=None) -> np.ndarray:
     return slots
 
 
-# The big scratch arrays of finished shards (class table, seq rows, entry
-# buffer), reused by the next shard of the same map step: fresh pages cost a
-# page fault each, which on some virtual machines is most of a shard's
-# system time. Freed when the aggregation ends (release_scratch).
+# The big scratch arrays of finished shards (class table, entry buffer),
+# reused by the next shard of the same map step: fresh pages cost a page
+# fault each, which on some virtual machines is most of a shard's system
+# time (the seq rows are not scratch: they become seq_bins' columns). Freed
+# when the aggregation ends (release_scratch).
 _scratch_lock = threading.Lock()
 _scratch_pool: list[dict] = []
 
@@ -175,20 +176,19 @@ def _give_scratch(scratch: dict) -> None:
 
 
 def _seq_bins(rows: np.ndarray, stride: int) -> SparseBins:
-    """seq_bins from the appended per-document rows (in key order when document
-    ids increase through the shard; otherwise a document may have several rows
-    per bin, which group_sum adds up)."""
-    keys = rows[:, fmt.SEQ_KEY]
+    """seq_bins from the appended per-document rows, given as columns
+    (``rows[:, r]`` is row r): in key order when document ids increase through
+    the shard, its columns are the rows' own (no copies); otherwise a document
+    may have several rows per bin, which group_sum adds up."""
+    keys = rows[fmt.SEQ_KEY]
     floats = rows.view(np.float64)
-    # copies: `rows` is scratch the next shard reuses, and already-grouped
-    # columns come back from group_sum as they are
     values = {
-        "n": rows[:, fmt.SEQ_N].copy(),
-        "p_sum": floats[:, fmt.SEQ_P_SUM].copy(),
-        "hits": rows[:, fmt.SEQ_HITS].copy(),
-        "top1_n": rows[:, fmt.SEQ_TOP1_N].copy(),
-        "conf_sum": floats[:, fmt.SEQ_CONF_SUM].copy(),
-        "correct": rows[:, fmt.SEQ_CORRECT].copy(),
+        "n": rows[fmt.SEQ_N],
+        "p_sum": floats[fmt.SEQ_P_SUM],
+        "hits": rows[fmt.SEQ_HITS],
+        "top1_n": rows[fmt.SEQ_TOP1_N],
+        "conf_sum": floats[fmt.SEQ_CONF_SUM],
+        "correct": rows[fmt.SEQ_CORRECT],
     }
     ids = keys // stride
     if keys.size < 2 or bool(np.all(keys[1:] > keys[:-1])):  # one row per (doc, bin), in order
@@ -229,11 +229,10 @@ class TopkShardPass:
         self._region_counts = np.zeros(self._parts, np.int64)
         # whether the kernels can insert straight into the table (the C ones)
         self._direct_insert = getattr(_kernels(), "DIRECT_INSERT", False)
-        # per document and bin, a seq row (topk_format.SEQ_*)
-        # (rows past _seq_n are never read: no need to clear them)
-        self._seq_rows = scratch.get("seq_rows")
-        if self._seq_rows is None or self._seq_rows.shape[0] < _capacity_hint["seq"]:
-            self._seq_rows = np.empty((_capacity_hint["seq"], fmt.SEQ_WIDTH), np.int64)
+        # per document and bin, a seq row (topk_format.SEQ_*), stored as columns:
+        # they become seq_bins' columns as they are (never reused, not cleared:
+        # rows past _seq_n are never read, and pages never written cost nothing)
+        self._seq_rows = np.empty((fmt.SEQ_WIDTH, _capacity_hint["seq"]), np.int64)
         self._seq_n = np.zeros(1, np.int64)
         # (keys, probs) twice: arrival order, partition order
         self._buffer = scratch.get("buffer")
@@ -396,10 +395,11 @@ class TopkShardPass:
 
     def _reserve_seq_rows(self) -> None:
         """Room for one more document's bins in the seq rows (doubling)."""
-        rows, need = self._seq_rows, int(self._seq_n[0]) + self.fine_bins + 1
-        if need > rows.shape[0]:
-            bigger = np.empty((max(need, 2 * rows.shape[0]), rows.shape[1]), np.int64)
-            bigger[: int(self._seq_n[0])] = rows[: int(self._seq_n[0])]
+        rows, used = self._seq_rows, int(self._seq_n[0])
+        need = used + self.fine_bins + 1
+        if need > rows.shape[1]:
+            bigger = np.empty((rows.shape[0], max(need, 2 * rows.shape[1])), np.int64)
+            bigger[:, :used] = rows[:, :used]
             self._seq_rows = bigger
 
     def _group_buffer(self) -> None:
@@ -440,12 +440,13 @@ class TopkShardPass:
         return self.kept_entries + int(self.class_tail_n.sum())
 
     def tables(self) -> dict[str, dict[str, np.ndarray]]:
-        """The four partial tables as columns, each sorted by its key (new
-        arrays). Call once, last: the state's scratch goes to the next shard."""
+        """The four partial tables as columns, each sorted by its key (arrays
+        nothing else writes: seq_bins' are the seq rows' own). Call once, last:
+        the state's scratch goes to the next shard."""
         _flush_document(self)
         self._group_buffer()
         _capacity_hint["class_region_bits"] = self._region_bits
-        _capacity_hint["seq"] = self._seq_rows.shape[0]
+        _capacity_hint["seq"] = self._seq_rows.shape[1]
         stride = self.fine_bins + 1
         kernels = _kernels()
         # class_bins: bin-1 rows from the dense vectors, the rest from the table,
@@ -463,8 +464,8 @@ class TopkShardPass:
             self.vocab_size,
             self.fine_bins,
         )
-        seq_bins = _seq_bins(self._seq_rows[: int(self._seq_n[0])], stride)
-        _give_scratch({"class": self._class, "seq_rows": self._seq_rows, "buffer": self._buffer})
+        seq_bins = _seq_bins(self._seq_rows[:, : int(self._seq_n[0])], stride)
+        _give_scratch({"class": self._class, "buffer": self._buffer})
         self._class = self._seq_rows = self._buffer = None
         return self._table_columns((c_ids, c_bins, c_n, c_p, c_hits), p_mass, seq_bins)
 

@@ -231,18 +231,18 @@ class SmallTopkShardPass(TopkShardPass):
                 "conf_sum": np.concatenate([np.zeros(a + b), q]),
             },
         )  # fmt: skip
-        rows = np.zeros((keys.size, fmt.SEQ_WIDTH), np.int64)
-        rows[:, fmt.SEQ_KEY] = doc[new_run][keys // stride] * stride + keys % stride
+        rows = np.zeros((fmt.SEQ_WIDTH, keys.size), np.int64)
+        rows[fmt.SEQ_KEY] = doc[new_run][keys // stride] * stride + keys % stride
         for name, column in (
             ("n", fmt.SEQ_N),
             ("hits", fmt.SEQ_HITS),
             ("top1_n", fmt.SEQ_TOP1_N),
             ("correct", fmt.SEQ_CORRECT),
         ):
-            rows[:, column] = sums[name]  # fmt: skip
+            rows[column] = sums[name]  # fmt: skip
         floats = rows.view(np.float64)
-        floats[:, fmt.SEQ_P_SUM] = sums["p_sum"]
-        floats[:, fmt.SEQ_CONF_SUM] = sums["conf_sum"]
+        floats[fmt.SEQ_P_SUM] = sums["p_sum"]
+        floats[fmt.SEQ_CONF_SUM] = sums["conf_sum"]
         return _seq_bins(rows, stride)
 
     def tables(self) -> dict[str, dict[str, np.ndarray]]:

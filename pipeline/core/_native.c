@@ -186,9 +186,10 @@ cmp_int64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* the seq rows are columns: column col of seq row r at seq_rows[col * capacity + r] */
 static void
-flush_document(int64_t *doc, int64_t *touched, int64_t *seq_rows, int64_t *seq_n,
-               const int64_t *current, int64_t stride)
+flush_document(int64_t *doc, int64_t *touched, int64_t *seq_rows, int64_t capacity,
+               int64_t *seq_n, const int64_t *current, int64_t stride)
 {
     int64_t base = current[CURRENT_DOC] * stride;
     qsort(touched + 1, (size_t)touched[0], sizeof(int64_t), cmp_int64);
@@ -196,11 +197,10 @@ flush_document(int64_t *doc, int64_t *touched, int64_t *seq_rows, int64_t *seq_n
         int64_t b = touched[t];
         int64_t r = seq_n[0];
         seq_n[0] = r + 1;
-        int64_t *row = seq_rows + r * SEQ_WIDTH;
         int64_t *from = doc + b * SEQ_WIDTH;
-        row[SEQ_KEY] = base + b;
+        seq_rows[SEQ_KEY * capacity + r] = base + b;
         for (int col = SEQ_KEY + 1; col < SEQ_MARKED; col++)
-            row[col] = from[col];
+            seq_rows[col * capacity + r] = from[col];
         memset(from, 0, SEQ_WIDTH * sizeof(int64_t));
     }
     touched[0] = 0;
@@ -222,13 +222,14 @@ py_flush(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     int64_t *seq_rows = (int64_t *)a[0].ptr, *seq_n = (int64_t *)a[1].ptr;
     int64_t *doc = (int64_t *)a[2].ptr, *touched = (int64_t *)a[3].ptr;
-    if (seq_n[0] + touched[0] > a[0].n / SEQ_WIDTH) {
+    int64_t capacity = a[0].n / SEQ_WIDTH;
+    if (seq_n[0] + touched[0] > capacity) {
         arr_release(a, 5);
         PyErr_SetString(PyExc_ValueError, "flush: no room for the document's seq rows");
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-    flush_document(doc, touched, seq_rows, seq_n, (int64_t *)a[4].ptr, stride);
+    flush_document(doc, touched, seq_rows, capacity, seq_n, (int64_t *)a[4].ptr, stride);
     Py_END_ALLOW_THREADS
     arr_release(a, 5);
     Py_RETURN_NONE;
@@ -355,7 +356,7 @@ py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (doc_id < -doc_limit || doc_id > doc_limit) { code = CODE_BAD_DOC; at = i; break; }
         if (current[CURRENT_OPEN] == 0 || doc_id != current[CURRENT_DOC]) {
             if (current[CURRENT_OPEN])
-                flush_document(doc, touched, seq_rows, seq_n, current, stride);
+                flush_document(doc, touched, seq_rows, seq_capacity, seq_n, current, stride);
             current[CURRENT_DOC] = doc_id;
             current[CURRENT_OPEN] = 1;
         }
