@@ -79,11 +79,15 @@ def tree_digest(file_digests: dict[str, str]) -> str:
     return h.hexdigest()
 
 
-def _settled(mtime_ns: int) -> bool:
+def settled(mtime_ns: int) -> bool:
+    """Whether a file last modified at `mtime_ns` may be cached by its stat
+    (see _RACY_NS): every cache keyed by :func:`file_key` asks this."""
     return time.time_ns() - mtime_ns > _RACY_NS
 
 
-def _file_key(path: Path, st: os.stat_result) -> tuple:
+def file_key(path: Path, st: os.stat_result) -> tuple:
+    """What identifies a file's contents for a cache: (resolved path, size,
+    mtime, inode): a rewritten file has another."""
     return (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
 
 
@@ -103,7 +107,7 @@ def cached_sha256(path) -> str:
         key = (str(path.resolve()), probe)
         newest = max((k[3] for k in probe), default=0)
     else:
-        key = _file_key(path, st)
+        key = file_key(path, st)
         newest = st.st_mtime_ns
     with _LOCK:
         digest = _HASH_CACHE.get(key) or _PREHASHED.pop(key, None)
@@ -115,7 +119,7 @@ def cached_sha256(path) -> str:
         digest = pending.digest
     if digest is None:
         digest = path_sha256(path)
-        if _settled(newest):
+        if settled(newest):
             _HASH_CACHE[key] = digest
     return digest
 
@@ -124,10 +128,10 @@ def _hash_pending(jobs: list[tuple[Path, tuple, _Pending]]) -> None:
     for path, key, pending in jobs:
         try:
             digest = file_sha256(path)
-            if _file_key(path, path.stat()) == key:  # unchanged while it was read
+            if file_key(path, path.stat()) == key:  # unchanged while it was read
                 pending.digest = digest
                 with _LOCK:
-                    (_HASH_CACHE if _settled(key[2]) else _PREHASHED)[key] = digest
+                    (_HASH_CACHE if settled(key[2]) else _PREHASHED)[key] = digest
         except OSError:
             pass  # the command's own check reports the file
         finally:
@@ -149,7 +153,7 @@ def prehash(paths) -> None:
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue
-            key = _file_key(path, st)
+            key = file_key(path, st)
             if key in _HASH_CACHE or key in _PENDING or key in _PREHASHED:
                 continue
             pending = _Pending()

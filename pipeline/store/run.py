@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ import pyarrow.parquet as pq
 from pipeline.core.arrow_numpy import column_numpy, empty_table
 from pipeline.store import runpaths
 from pipeline.store.batches import row_group_batches
+from pipeline.store.hashes import cached_sha256, file_key, settled
 from pipeline.store.manifest import AggregateError, RunError, load_manifest
 from pipeline.store.schema import (
     SCHEMA_VERSION,
@@ -294,8 +294,6 @@ def verify_shard_files(shard: Shard, *, thorough: bool = False) -> None:
 def verify_file(run_dir, entry: dict, rel: str, *, thorough: bool = False) -> Path:
     """One file of a shard entry checked against the manifest's sha256 (see
     verify_shard_files); returns its path."""
-    from pipeline.store.hashes import cached_sha256
-
     run_dir = Path(run_dir)
     where = run_dir / "manifest.json"
     digest = (entry.get("files") or {}).get(rel)
@@ -330,8 +328,6 @@ def chunk_index(path: Path, digest: str) -> dict | None:
 
 
 def _hash_store_files(path: Path, index: dict) -> None:
-    from pipeline.store.hashes import cached_sha256
-
     for rel in sorted(index):
         if cached_sha256(path / rel) != index[rel]:
             raise AggregateError(
@@ -352,7 +348,7 @@ def _positions_file(shard: Shard) -> tuple[Path, pq.ParquetFile]:
     """The positions file's schema, rows and document range checked (footer only)."""
     path = require_file(shard.path("positions"), shard, "positions")
     st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    key = file_key(path, st)
     cached = _FOOTERS.get(key)
     try:
         pf = pq.ParquetFile(
@@ -367,7 +363,7 @@ def _positions_file(shard: Shard) -> tuple[Path, pq.ParquetFile]:
         # sha256 cache: a rewritten file has another size, mtime or inode; a file
         # modified within the last 2 s may change within one mtime tick: not kept)
         cached = (pf.metadata, _doc_id_range(pf))
-        if time.time_ns() - st.st_mtime_ns > 2_000_000_000:
+        if settled(st.st_mtime_ns):
             if len(_FOOTERS) >= _FOOTERS_MAX:
                 _FOOTERS.clear()
             _FOOTERS[key] = cached

@@ -20,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from pipeline.store.hashes import _settled
+from pipeline.store.hashes import settled
 
 STAMP_VERSION = 1
 
@@ -65,7 +65,7 @@ def stamp_name(kind: str, args, paths) -> str | None:
             return None
         found += prints
     newest = max((max(p[4], p[5]) for p in found), default=0)
-    if not _settled(newest):  # may change again within one timestamp tick: no stamp
+    if not settled(newest):  # may change again within one timestamp tick: no stamp
         return None
     body = json.dumps([STAMP_VERSION, __version__, kind, args, found], default=str)
     return hashlib.sha256(body.encode()).hexdigest()

@@ -26,7 +26,7 @@ from pipeline.core.tables import BinTables
 from pipeline.defaults import __version__
 from pipeline.errors import FulleceError
 from pipeline.store import atomic
-from pipeline.store.hashes import _settled, cached_sha256
+from pipeline.store.hashes import cached_sha256, settled
 from pipeline.store.manifest import MANIFEST_NAME
 from pipeline.store.schema import (
     BIN_TABLE_NAMES,
@@ -476,7 +476,7 @@ def _verified(directory: Path):
         path = directory / f"{name}.parquet"
         arrow[name] = _read_verified_file(path, recorded.get(name), name)
     check_invariants(arrow, meta, directory)
-    if key is not None and key == _stat_key(directory) and all(_settled(k[2]) for k in key[1:]):
+    if key is not None and key == _stat_key(directory) and all(settled(k[2]) for k in key[1:]):
         _LAST_VERIFIED[:] = [key, meta, arrow]
     return meta, arrow
 
