@@ -442,10 +442,20 @@ def _group_by_sql(run_dir: Path, fine_bins: int) -> str:
     )
 
 
+def _cpu_seconds(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
 def _process_cpu() -> float:
     """This process's CPU seconds so far (user + system, every thread)."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    return _cpu_seconds(resource.RUSAGE_SELF)
+
+
+def children_cpu() -> float:
+    """CPU seconds (user + system, every thread) of this process's children
+    that have ended so far: a difference around one subprocess is its own."""
+    return _cpu_seconds(resource.RUSAGE_CHILDREN)
 
 
 def _duckdb_query(sql: str, cpu: list | None = None) -> tuple[float, tuple]:
@@ -492,19 +502,16 @@ def _timed_process(cmd: list[str], kernels: str | None = None) -> dict:
     if kernels is not None:
         env["FULLECE_KERNELS"] = kernels
     timer = ["/usr/bin/time", "-f", "maxrss_kb=%M"] if Path("/usr/bin/time").exists() else []
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
+    cpu0, t0 = children_cpu(), time.perf_counter()
     proc = subprocess.run(timer + cmd, capture_output=True, text=True, env=env)
-    dt = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    dt, cpu = time.perf_counter() - t0, children_cpu() - cpu0
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
     rss = [ln for ln in proc.stderr.splitlines() if ln.startswith("maxrss_kb=")]
     return {
         "seconds": dt,
         "peak_rss_bytes": int(rss[-1].split("=")[1]) * 1024 if rss else None,
-        # user + system time of the process and its threads (all cores)
-        "cpu_seconds": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "cpu_seconds": cpu,
     }
 
 

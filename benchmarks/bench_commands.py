@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -55,7 +54,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.bench_aggregate import default_experiment_run, group_stats, make_topk_run
+from benchmarks.bench_aggregate import (
+    children_cpu,
+    default_experiment_run,
+    group_stats,
+    make_topk_run,
+)
 
 SMALL = 4_000
 LARGE = 500_000
@@ -83,14 +87,11 @@ def timed(argv: list[str], before=None) -> dict:
     """Wall and child CPU seconds of one subprocess (`before` runs first, untimed)."""
     if before is not None:
         before()
-    usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
+    cpu0, t0 = children_cpu(), time.perf_counter()
     proc = subprocess.run(argv, env=_env(), capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall, cpu = time.perf_counter() - t0, children_cpu() - cpu0
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    cpu = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)
     return {"wall_s": wall, "cpu_s": cpu}
 
 
