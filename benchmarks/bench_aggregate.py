@@ -559,6 +559,37 @@ def process_startup_floor(kernels: str | None = None) -> dict:
 
 # the least a Python process that reads these Parquet files imports (either reader)
 READER_IMPORTS = {"pyarrow": "import numpy, pyarrow.parquet", "duckdb": "import duckdb"}
+
+# What decoding alone costs a process: python, pyarrow, and every shard's map
+# and scores columns decoded as the map decodes them (a reader per row group,
+# pyarrow's threads, page checksums verified), each batch dropped at once.
+_DECODE_FLOOR = """
+import json, sys
+import pyarrow.parquet as pq
+from pipeline.store.batches import row_group_batches
+paths, columns, rows = json.loads(sys.argv[1])
+for path in paths:
+    pf = pq.ParquetFile(path, page_checksum_verification=True)
+    names = pf.schema_arrow.names
+    for batch in row_group_batches(pf, rows, [c for c in columns if c in names]):
+        pass
+"""
+
+
+def process_decode_floor(run_dir: Path) -> dict:
+    """:data:`_DECODE_FLOOR` of `run_dir`'s top-k shards as a whole process:
+    the least any aggregation that reads the run with pyarrow (the fastest
+    reader of the map's list columns measured here) takes before it folds an
+    entry, checks a value or writes a table."""
+    from pipeline.aggregate.positions import BATCH_ROWS, scores_columns
+    from pipeline.aggregate.shard_map import _MAP_COLUMNS
+
+    paths = sorted(str(p) for p in (run_dir / "shards").glob("positions-*.parquet"))
+    columns = list(_MAP_COLUMNS) + [c for c in scores_columns(["sum_p2"]) if c not in _MAP_COLUMNS]
+    arg = json.dumps([paths, columns, BATCH_ROWS])
+    return _timed_process([sys.executable, "-c", _DECODE_FLOOR, arg])
+
+
 # what `fullece aggregate` imports before numba (the start-up floor less numba)
 COMMAND_IMPORTS = "import pipeline.cli, pipeline.cli.aggregate, pipeline.aggregate"
 
@@ -664,6 +695,7 @@ def headline_reach(best: dict, target: float = 0.3) -> dict:
     command's imports."""
     process_budget = best["scan"] / target
     work_budget = process_budget - best["reader_floor_process"]
+    decode_floor = best.get("decode_floor_process")
     cpus = os.cpu_count() or 1
     # the aggregation's own CPU time spread perfectly over every core: no
     # scheduling of the same work finishes sooner
@@ -683,6 +715,18 @@ def headline_reach(best: dict, target: float = 0.3) -> dict:
         else None,
         "numba_startup_seconds": best["numba_startup_floor_process"]
         - best["command_imports_process"],
+        # a process that only starts and decodes (process_decode_floor): what is
+        # left of the allowed time for folding, checking and writing, and how
+        # much longer the whole aggregation takes than decoding alone
+        "decode_floor_share_of_allowed": None
+        if decode_floor is None
+        else decode_floor / process_budget,
+        "left_after_decode_floor_seconds": None
+        if decode_floor is None
+        else process_budget - decode_floor,
+        "aggregate_beyond_decode_floor_seconds": None
+        if decode_floor is None
+        else best["aggregate"] - decode_floor,
     }
 
 
@@ -715,7 +759,7 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
              "group_by", "startup_floor_cpu", "scan_cpu", "group_by_cpu",
              "scan_process", "group_by_process", "startup_floor_process",
              "numba_startup_floor_process", "command_imports_process",
-             "reader_floor_process")  # fmt: skip
+             "reader_floor_process", "decode_floor_process")  # fmt: skip
     runs = {k: [] for k in names}
     rss = []
     for _ in range(repeat):
@@ -737,6 +781,7 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
         runs["reader_floor_process"].append(
             min(python_process(code)["seconds"] for code in READER_IMPORTS.values())
         )
+        runs["decode_floor_process"].append(process_decode_floor(run_dir)["seconds"])
     best = {k: min(v) for k, v in runs.items()}
     steps = [cpu_steps(run_dir) for _ in range(repeat)]
     r = {
@@ -790,6 +835,13 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
         f"which DuckDB's GROUP BY of class_bins alone (in-process) takes "
         f"{best['group_by']:.2f} s and our aggregation in-process (kernels loaded) "
         f"{best['aggregate_in_process']:.2f} s\n"
+        f"  decoding alone (a process: python, pyarrow, the map's columns decoded as the map "
+        f"decodes them, nothing else) {best['decode_floor_process']:.2f} s = "
+        f"{100 * h['decode_floor_share_of_allowed']:.0f}% of the {h['allowed_process_seconds']:.2f}"
+        f" s allowed, leaving {h['left_after_decode_floor_seconds']:.2f} s to fold "
+        f"{stats['kept_entries'] / 1e6:.1f}M entries into four tables, check and write them; "
+        f"fullece aggregate takes {h['aggregate_beyond_decode_floor_seconds']:.2f} s more than "
+        "decoding alone\n"
         f"  CPU: fullece aggregate uses {h['aggregate_cpu_seconds']:.2f} CPU-s (user + system, "
         f"least of {repeat}); over {h['cpus']} cores at best {h['cpu_bound_seconds']:.2f} s: "
         f"a ratio of {h['cpu_bound_ratio_to_plain_scan']:.2f} to the scan however scheduled; "

@@ -61,6 +61,17 @@ def test_realistic_section_measures_whole_processes(tmp_path):
     assert all(v >= 0 for v in steps.values()) and steps["imports"] > 0
     assert best["reader_floor_process"] > 0 and best["startup_floor_process"] > 0
     assert best["aggregate_numba"] > 0  # the same run with numba's kernels, the baseline
+    # a process that only decodes: its share of the allowed time, what it leaves
+    assert best["decode_floor_process"] > 0
+    assert h["decode_floor_share_of_allowed"] == pytest.approx(
+        best["decode_floor_process"] / h["allowed_process_seconds"]
+    )
+    assert h["left_after_decode_floor_seconds"] == pytest.approx(
+        h["allowed_process_seconds"] - best["decode_floor_process"]
+    )
+    assert h["aggregate_beyond_decode_floor_seconds"] == pytest.approx(
+        best["aggregate"] - best["decode_floor_process"]
+    )
     assert r["speedup_over_numba_kernels"]["ratio"] == pytest.approx(
         best["aggregate_numba"] / best["aggregate"]
     )
@@ -73,6 +84,33 @@ def test_realistic_section_measures_whole_processes(tmp_path):
     assert engines["groups"] == np.unique(keys).size
     assert set(engines["seconds_best"]) == {"kernel", "duckdb", "duckdb_sorted", "polars",
                                             "polars_sorted"}  # fmt: skip
+
+
+def test_decode_floor_decodes_every_shard_page_checked(tmp_path):
+    """The decode floor reads every shard's map columns, page checksums
+    verified: a flipped byte in the kept probabilities of the last shard's
+    last row group fails it (a floor that skipped the data would not)."""
+    import pyarrow.parquet as pq
+
+    from benchmarks.bench_aggregate import make_topk_run, process_decode_floor
+
+    run = make_topk_run(tmp_path / "run", 400, 300, 8, shard_rows=200)
+    assert process_decode_floor(run)["seconds"] > 0
+    last = sorted((run / "shards").glob("positions-*.parquet"))[-1]
+    # rewritten with page checksums, as extract writes shards (the generator's have none)
+    pq.write_table(pq.read_table(last), last, compression="zstd", write_page_checksum=True)
+    assert process_decode_floor(run)["seconds"] > 0
+    meta = pq.ParquetFile(last).metadata
+    group = meta.row_group(meta.num_row_groups - 1)
+    names = [group.column(i).path_in_schema for i in range(group.num_columns)]
+    chunk = group.column(names.index("kept_probs.list.element"))
+    start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    end = start + chunk.total_compressed_size
+    data = bytearray(last.read_bytes())
+    data[(chunk.data_page_offset + end) // 2] ^= 0xFF  # inside the data page's body
+    last.write_bytes(bytes(data))
+    with pytest.raises(RuntimeError, match="failed"):
+        process_decode_floor(run)
 
 
 def test_scale_section_runs(tmp_path):
