@@ -567,27 +567,27 @@ _DECODE_FLOOR = """
 import json, sys
 import pyarrow.parquet as pq
 from pipeline.store.batches import row_group_batches
-paths, columns, rows = json.loads(sys.argv[1])
-for path in paths:
+for path, columns, rows in json.loads(sys.argv[1]):
     pf = pq.ParquetFile(path, page_checksum_verification=True)
-    names = pf.schema_arrow.names
-    for batch in row_group_batches(pf, rows, [c for c in columns if c in names]):
+    for batch in row_group_batches(pf, rows, columns):
         pass
 """
 
 
 def process_decode_floor(run_dir: Path) -> dict:
-    """:data:`_DECODE_FLOOR` of `run_dir`'s top-k shards as a whole process:
-    the least any aggregation that reads the run with pyarrow (the fastest
-    reader of the map's list columns measured here) takes before it folds an
-    entry, checks a value or writes a table."""
-    from pipeline.aggregate.positions import BATCH_ROWS, scores_columns
-    from pipeline.aggregate.shard_map import _MAP_COLUMNS
+    """:data:`_DECODE_FLOOR` of `run_dir`'s top-k shards as a whole process
+    (each shard's columns and batches as the map reads them with the scores,
+    ``shard_map.map_reads``): the least any aggregation that reads the run
+    with pyarrow (the fastest reader of the map's list columns measured here)
+    takes before it folds an entry, checks a value or writes a table."""
+    from pipeline.aggregate.shard_map import map_reads
+    from pipeline.store.run import open_run
 
-    paths = sorted(str(p) for p in (run_dir / "shards").glob("positions-*.parquet"))
-    columns = list(_MAP_COLUMNS) + [c for c in scores_columns(["sum_p2"]) if c not in _MAP_COLUMNS]
-    arg = json.dumps([paths, columns, BATCH_ROWS])
-    return _timed_process([sys.executable, "-c", _DECODE_FLOOR, arg])
+    reads = []
+    for shard in open_run(run_dir).shards:
+        path = shard.path("positions")
+        reads.append([str(path), *map_reads(pq.read_schema(path).names)])
+    return _timed_process([sys.executable, "-c", _DECODE_FLOOR, json.dumps(reads)])
 
 
 # what `fullece aggregate` imports before numba (the start-up floor less numba)
@@ -695,7 +695,7 @@ def headline_reach(best: dict, target: float = 0.3) -> dict:
     command's imports."""
     process_budget = best["scan"] / target
     work_budget = process_budget - best["reader_floor_process"]
-    decode_floor = best.get("decode_floor_process")
+    decode_floor = best["decode_floor_process"]
     cpus = os.cpu_count() or 1
     # the aggregation's own CPU time spread perfectly over every core: no
     # scheduling of the same work finishes sooner
@@ -718,15 +718,9 @@ def headline_reach(best: dict, target: float = 0.3) -> dict:
         # a process that only starts and decodes (process_decode_floor): what is
         # left of the allowed time for folding, checking and writing, and how
         # much longer the whole aggregation takes than decoding alone
-        "decode_floor_share_of_allowed": None
-        if decode_floor is None
-        else decode_floor / process_budget,
-        "left_after_decode_floor_seconds": None
-        if decode_floor is None
-        else process_budget - decode_floor,
-        "aggregate_beyond_decode_floor_seconds": None
-        if decode_floor is None
-        else best["aggregate"] - decode_floor,
+        "decode_floor_share_of_allowed": decode_floor / process_budget,
+        "left_after_decode_floor_seconds": process_budget - decode_floor,
+        "aggregate_beyond_decode_floor_seconds": best["aggregate"] - decode_floor,
     }
 
 

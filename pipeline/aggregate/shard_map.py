@@ -58,20 +58,27 @@ _MAP_COLUMNS = ("doc_id", "label", "top1_id", "top1_prob", "kept_ids", "kept_pro
 _FIRST_READ_SHARE = 8
 
 
-def _map_batches(shard: Shard, decode_threads: bool, *, with_scores: bool = False):
-    """The batches of `shard` the map folds, the shard checked first (checksums,
-    schemas, rows: nothing unverified is read). `with_scores`: the scores'
-    columns too, in the scan's batches, so its sums are the same bits (the
-    tables do not depend on the batches). The kernel checks the values of the
-    map's columns but the tail's; the store checks those and any other."""
+def map_reads(names: list[str] | None = None) -> tuple[list[str], int]:
+    """(columns, batch rows) the map reads of a positions file: its own
+    columns, and with `names` (the file's columns) the scores' too, in the
+    scan's batches, so the scores' sums are the same bits (the tables do not
+    depend on the batches)."""
     from pipeline.aggregate import positions, topk_pass
 
+    if names is None:
+        return list(_MAP_COLUMNS), topk_pass.BATCH_ROWS
+    scores = [c for c in positions.scores_columns(names) if c not in _MAP_COLUMNS]
+    return list(_MAP_COLUMNS) + scores, positions.BATCH_ROWS
+
+
+def _map_batches(shard: Shard, decode_threads: bool, *, with_scores: bool = False):
+    """The batches of `shard` the map folds (:func:`map_reads`; `with_scores`:
+    the scores' columns too), the shard checked first (checksums, schemas,
+    rows: nothing unverified is read). The kernel checks the values of the
+    map's columns but the tail's; the store checks those and any other."""
     check_shard(shard)
-    columns, rows = list(_MAP_COLUMNS), topk_pass.BATCH_ROWS
-    if with_scores:
-        names = open_positions(shard)[1].schema_arrow.names
-        columns += [c for c in positions.scores_columns(names) if c not in columns]
-        rows = positions.BATCH_ROWS
+    names = open_positions(shard)[1].schema_arrow.names if with_scores else None
+    columns, rows = map_reads(names)
     checked = [c for c in columns if c in _TAIL_COLUMNS or c not in _MAP_COLUMNS]
     yield from iter_positions(shard, columns, rows, use_threads=decode_threads, checked=checked)
 
