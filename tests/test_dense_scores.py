@@ -182,19 +182,26 @@ def test_dense_rows_of_shard_equal_the_map_pass_rows(tmp_path):
     np.testing.assert_allclose(h, ref_h, rtol=1e-13)
 
 
-@pytest.mark.parametrize("small", [True, False], ids=["numpy", "compiled"])
+@pytest.mark.parametrize("path", ["numpy", "native", "numba"])
 @pytest.mark.parametrize("shard_rows", [900, 250, 120], ids=["1-shard", "4-shards", "8-shards"])
-def test_topk_scores_from_the_maps_batches_equal_a_scan(tmp_path, monkeypatch, small, shard_rows):
+def test_topk_scores_from_the_maps_batches_equal_a_scan(tmp_path, monkeypatch, path, shard_rows):
     """A top-k run's scores are computed from the map's own batches (numpy
-    for a small run, the compiled floor kernel for a large one; one shard or
-    several mapped at once, on 1 or 3 threads), in batches of 128 positions
-    while the map's own would be 37: the same sums as a scan of the run
-    afterwards, to the bit. Shards whose partial tables are current are not
-    read by the map: the scores read them themselves, with the same sums."""
+    for a small run; for a large one the C map's pass adds Σ_i q_im² itself,
+    with numba's the floor kernel does; one shard or several mapped at once,
+    on 1 or 3 threads), in batches of 128 positions while the map's own
+    would be 37: the same sums as a scan of the run afterwards, to the bit.
+    Shards whose partial tables are current are not read by the map: the
+    scores read them themselves, with the same sums."""
     from pipeline.aggregate import positions, shard_map, topk_pass, topk_small
 
-    if not small:
+    if path != "numpy":
         monkeypatch.setattr(topk_small, "SMALL_RUN_ENTRIES", 1)
+        monkeypatch.setenv("FULLECE_KERNELS", path)
+    own_passes = []  # batches whose Σ_i q_im² the scores' thread computed itself
+    own = positions.PositionScan._mass_sq_terms
+    monkeypatch.setattr(
+        positions.PositionScan, "_mass_sq_terms", lambda *a: own_passes.append(1) or own(*a)
+    )
     monkeypatch.setattr(positions, "BATCH_ROWS", 128)
     monkeypatch.setattr(topk_pass, "BATCH_ROWS", 37)  # the map's own batches differ
     reads = []
@@ -211,8 +218,11 @@ def test_topk_scores_from_the_maps_batches_equal_a_scan(tmp_path, monkeypatch, s
             "_map_topk_shards",
             lambda todo, fine, bar, _w, *rest, w=workers: map_shards(todo, fine, bar, w, *rest),
         )
+        own_passes.clear()
         out, meta = aggregate(run_dir, tmp_path / f"w{workers}", keep_parts=False, progress=False)
         assert reads == []  # every batch came from the map
+        if path != "numpy":  # the C map's pass gave every batch's terms, numba's none
+            assert (own_passes == []) == (path == "native")
         kept = read_scores(out, read_tables_meta(out))
         assert kept is not None and kept["positions"] == case.n
         again = _scan_runs([open_verified_run(run_dir)], keep_pairs=False, fine_bins=1000).sums()

@@ -391,3 +391,85 @@ def test_seq_rows_become_one_sorted_row_per_document_and_bin(docs):
     assert table.bins.tolist() == [b for _, b in keys] and table.bins.dtype == np.int32
     assert table.values["n"].tolist() == [expected[k][0] for k in keys]
     assert table.values["p_sum"].tolist() == [expected[k][1] for k in keys]
+
+
+def _mass_sq_batch(rng, vocab: int, n: int, fine_bins: int) -> pa.RecordBatch:
+    """`n` positions of a K = `vocab` top-k shard: up to 40 kept entries each,
+    ids ascending, probabilities drawn and on every bin edge (ties in a fine
+    bin, rows wholly in bin 1 among them), a tail mass in bin 1."""
+    edges = _values_near_every_edge(fine_bins)
+    ids, probs = [], []
+    for i in range(n):
+        k = int(rng.integers(1, min(vocab, 40) + 1))
+        row_ids = np.sort(rng.choice(vocab, size=k, replace=False)).astype(np.int32)
+        if i % 5 == 0:  # all in bin 1
+            p = rng.random(k) * (0.9 / fine_bins)
+        elif i % 5 == 1:  # on edges, several in one fine bin
+            p = rng.choice(edges, size=k)
+        else:
+            p = rng.dirichlet(np.full(k, 0.3))
+        ids.append(row_ids)
+        probs.append(p.astype(np.float32))
+    top = [int(np.argmax(p)) for p in probs]
+    return pa.record_batch(
+        {
+            "kept_ids": pa.array(ids, pa.list_(pa.int32())),
+            "kept_probs": pa.array(probs, pa.list_(pa.float32())),
+            "label": pa.array([int(r[-1]) for r in ids], pa.int32()),
+            "top1_id": pa.array([int(r[t]) for r, t in zip(ids, top, strict=True)], pa.int32()),
+            "top1_prob": pa.array([p[t] for p, t in zip(probs, top, strict=True)], pa.float32()),
+            "doc_id": pa.array(np.arange(n) // 7, pa.int64()),
+            "tail_count": pa.array([vocab - len(r) for r in ids], pa.int32()),
+            "tail_mass": pa.array(rng.random(n) * 0.05),
+            "tail_max": pa.array(np.zeros(n, np.float32)),
+        }
+    )
+
+
+@pytest.mark.parametrize("fine_bins", [1000, 100])
+@pytest.mark.parametrize("kernels", list(_INSERTS))
+def test_the_c_pass_adds_the_scores_mass_sq_as_the_floor_kernel(monkeypatch, kernels, fine_bins):
+    """With the C kernels the map's pass returns each batch's Σ_i q_im² (the
+    terms of Full-ECE's noise floor the scores keep): the same bits as
+    floors.MassSqRows over the batch's rows, each with its tail mass in bin 1,
+    through every growth path (regions from 2 slots, seq rows from 4, the
+    entry buffer emptied every few rows; entries inserted straight, buffered,
+    or switching), with values on every bin edge, rows wholly in bin 1, K = 1
+    and 2; and both equal the definition. numba's pass returns None (the
+    scores' thread runs the floor kernel)."""
+    from pipeline.aggregate import topk_pass
+    from pipeline.core.floors import MassSqRows, floor_bins_of
+    from tests.helpers.analysis_runs import ref_bins
+
+    monkeypatch.setenv("FULLECE_KERNELS", kernels.split("-")[0])
+    if _INSERTS[kernels] is not None:
+        monkeypatch.setattr(topk_pass, "DIRECT_TABLE_BYTES", _INSERTS[kernels])
+    monkeypatch.setitem(topk_pass._capacity_hint, "class_region_bits", 1)
+    monkeypatch.setitem(topk_pass._capacity_hint, "seq", 4)
+    monkeypatch.setattr(topk_pass, "_BUFFER_ENTRIES", 64)
+    monkeypatch.setattr(topk_pass, "_CLASSES_PER_PARTITION", 8)
+    rng = np.random.default_rng(fine_bins)
+    ms = floor_bins_of(fine_bins)
+    for vocab in (1, 2, 300):
+        state = topk_pass.TopkShardPass(vocab_size=vocab, fine_bins=fine_bins)
+        for n in (1, 57, 200):
+            batch = _mass_sq_batch(rng, vocab, n, fine_bins)
+            got = state.add_batch(batch, with_mass_sq=True)
+            if kernels == "numba":
+                assert got is None
+                continue
+            lists = batch.column("kept_probs")
+            offsets, probs = lists.offsets.to_numpy(), lists.values.to_numpy()
+            tail = batch.column("tail_mass").to_numpy()
+            floor_kernel = MassSqRows(ms, fine_bins)
+            floor_kernel.add(offsets, probs, tail)
+            want = floor_kernel.result()
+            assert got.keys() == want.keys() == set(ms)
+            row = np.repeat(np.arange(n), np.diff(offsets))
+            for m in ms:
+                assert got[m].tobytes() == want[m].tobytes(), (vocab, n, m)
+                q = np.zeros((n, m + 1))
+                np.add.at(q, (row, ref_bins(probs, m)), probs.astype(np.float64))
+                q[:, 1] += tail
+                np.testing.assert_allclose(got[m], (q[:, 1:] ** 2).sum(0), rtol=1e-12, atol=0)
+        assert state.positions == 258

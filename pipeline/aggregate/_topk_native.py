@@ -20,16 +20,23 @@ def _as(values, dtype) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=dtype)
 
 
-# batch() can insert into the class table itself (numba's always buffers)
+# batch() can insert into the class table itself (numba's always buffers), and
+# add the rows' Σ_i q_im² from its own pass (numba's leaves it to the floors' kernel)
 DIRECT_INSERT = True
+FOLDS_MASS_SQ = True
 _NO_TABLE = np.zeros(0, np.int64)
+_NO_MASS_SQ = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64))
 
 
-def batch(start, rows, rules, sums, buffer, documents, table=None):
+def batch(start, rows, rules, sums, buffer, documents, table=None, mass_sq=None):
     """_topk_kernel.batch: fold rows start.. of a `BatchRows` in; (code, row).
     `table` (a ``ClassTable``): entries above bin 1 go straight into it, not
-    into the buffer (KernelCode.GROW_CLASSES: grow it, then call again)."""
+    into the buffer (KernelCode.GROW_CLASSES: grow it, then call again).
+    `mass_sq` (a ``floors.MassSqRows``): each row folded is added to it too,
+    its tail mass in fine bin 1 (as ``MassSqRows.add(offsets, probs,
+    tail_mass)`` adds it: the same bits)."""
     slots, counts, bits = (_NO_TABLE, _NO_TABLE, -1) if table is None else table
+    grids, source, out = _NO_MASS_SQ if mass_sq is None else mass_sq.kernel_arrays()
     return _native.batch(
         int(start), int(rules.vocab), int(rules.fine_bins), float(rules.threshold),
         int(rules.doc_limit), int(bits),
@@ -40,7 +47,7 @@ def batch(start, rows, rules, sums, buffer, documents, table=None):
         _as(rows.tail_max, np.float32),
         sums.bin1_n, sums.bin1_p_sum, sums.bin1_hits, sums.label_count, sums.top1_count,
         sums.top1_counts, sums.top1_conf, sums.totals, sums.largest_tail,
-        *buffer, *documents, slots.reshape(-1), counts,
+        *buffer, *documents, slots.reshape(-1), counts, grids, source, out.reshape(-1),
     )  # fmt: skip
 
 

@@ -87,10 +87,14 @@ class PositionScan:
             self.correct.append(column_numpy(top1) == column_numpy(label))
         self.add_sums(sums)
 
-    def batch_sums(self, batch, dense: dict | None = None) -> dict | None:
+    def batch_sums(
+        self, batch, dense: dict | None = None, mass_sq: dict | None = None
+    ) -> dict | None:
         """One batch's terms of the running sums, changing nothing (None for
         an empty batch): :meth:`add_sums` adds them. Computed on any thread,
-        added in the run's batch order, they give the same bits as a scan."""
+        added in the run's batch order, they give the same bits as a scan.
+        `mass_sq`: the batch's Σ_i q_im² terms computed already (by the top-k
+        map's pass, the same bits as :meth:`_mass_sq_terms`)."""
         names = batch.schema.names
         col = {name: batch.column(names.index(name)) for name in names}
         n = batch.num_rows
@@ -104,9 +108,10 @@ class PositionScan:
         sums = {"n": n, "nll": nll, "label_prob_zero": zero, "brier_exact": True}
         sums["entropy_exact"] = True
         kept = None
-        sums["mass_sq"] = (
-            self._mass_sq_terms(col) if self.mass_sq is not None and dense is None else None
-        )
+        if self.mass_sq is None or dense is not None:
+            sums["mass_sq"] = None
+        else:
+            sums["mass_sq"] = mass_sq if mass_sq is not None else self._mass_sq_terms(col)
         if dense is not None:
             sum_p2 = np.asarray(dense["sum_p2"], np.float64)
             sq_lo = sq_hi = sum_p2
@@ -551,11 +556,11 @@ class ScoresScan:
                 continue
             if item is None:  # end_feed
                 break
-            shard, batch = item
+            shard, batch, mass_sq = item
             if batch is None:
                 self._whole.add(id(shard))
             else:
-                terms = scan.batch_sums(batch)
+                terms = scan.batch_sums(batch, mass_sq=mass_sq)
                 if terms is not None:
                     self._terms.setdefault(id(shard), []).append(terms)
         for shard in (s for run in runs for s in run.shards):
@@ -594,11 +599,12 @@ class ScoresScan:
             except queue.Full:
                 continue
 
-    def feed(self, shard, batch) -> None:
+    def feed(self, shard, batch, *, mass_sq: dict | None = None) -> None:
         """The next batch of `shard` (read with :func:`scores_columns`, in
         batches of ``BATCH_ROWS``), folded and checked by the map; None: that
-        was its last."""
-        self._put((shard, batch))
+        was its last. `mass_sq`: the batch's Σ_i q_im² terms, when the map's
+        pass computed them (``TopkShardPass.add_batch``), else computed here."""
+        self._put((shard, batch, mass_sq))
 
     def end_feed(self) -> None:
         """The map is done: no more batches will be fed."""

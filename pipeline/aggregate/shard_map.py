@@ -164,9 +164,11 @@ def _aggregate_topk_shard(
         )
         with closing(ahead):
             for batch in ahead:
-                state.add_batch(batch)
+                # the C kernels add the scores' Σ_i q_im² from this pass (it bins
+                # every entry already), sparing the scores' thread a pass of its own
+                mass_sq = state.add_batch(batch, with_mass_sq=scores is not None)
                 if scores is not None:
-                    scores.feed(shard, batch)
+                    scores.feed(shard, batch, mass_sq=mass_sq)
                 if advance is not None:
                     advance(batch.num_rows)
         if scores is not None:

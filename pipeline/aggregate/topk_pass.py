@@ -294,24 +294,36 @@ class TopkShardPass:
         message = ROW_ERRORS[code].format(k=self.vocab_size, limit=limit)
         return KeptEntryError(message, self.positions + int(row))
 
-    def add_batch(self, batch) -> None:
-        """One Arrow record batch of the positions schema (any row count)."""
+    def add_batch(self, batch, *, with_mass_sq: bool = False) -> dict | None:
+        """One Arrow record batch of the positions schema (any row count).
+        `with_mass_sq`: also return the batch's Σ_i q_im² terms (the scores'
+        ``PositionScan.batch_sums``' ``mass_sq``: its rows, each with its tail
+        mass in fine bin 1), when the kernels fold them into this pass (the C
+        ones: the same bits as ``floors.MassSqRows`` over the rows); else
+        None, and the caller computes them."""
         kernels = _kernels()
         n = batch.num_rows
         if n == 0:
-            return
+            return None
         rows = self._batch_rows(batch)
         id_off = rows.offsets
         longest = int(np.diff(id_off).max())
         rules, sums = self._rules(), self._sums()
+        mass_sq = None
+        if with_mass_sq and getattr(kernels, "FOLDS_MASS_SQ", False):
+            from pipeline.core.floors import MassSqRows, floor_bins_of
+
+            mass_sq = MassSqRows(floor_bins_of(self.fine_bins), self.fine_bins)
+        folds = {} if mass_sq is None else {"mass_sq": mass_sq}
         row = 0
         while True:
             # the seq rows and the class table may have grown since the last call
             table = self._direct_table()
             buffer = self._entry_buffer(0 if table else longest)
             code, row = kernels.batch(
-                row, rows, rules, sums, buffer, self._documents(), *([table] if table else [])
-            )
+                row, rows, rules, sums, buffer, self._documents(), *([table] if table else []),
+                **folds,
+            )  # fmt: skip
             code = KernelCode(code)
             if code is KernelCode.GROW:
                 self._reserve_seq_rows()
@@ -325,6 +337,7 @@ class TopkShardPass:
             raise self._row_error(code, row)
         self.kept_entries += int(id_off[-1])
         self.positions += n
+        return None if mass_sq is None else mass_sq.result()
 
     @property
     def label_rows_missing(self) -> int:

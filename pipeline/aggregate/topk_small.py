@@ -126,7 +126,9 @@ class SmallTopkShardPass(TopkShardPass):
         self._batches: list[tuple[BatchRows, np.ndarray, np.ndarray]] = []
         self._folded = None
 
-    def add_batch(self, batch) -> None:
+    def add_batch(self, batch, *, with_mass_sq: bool = False) -> None:
+        """TopkShardPass.add_batch (folded at the end); never the Σ_i q_im²
+        terms (None: the caller computes them)."""
         n = batch.num_rows
         if n == 0:
             return

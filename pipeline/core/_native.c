@@ -3,7 +3,9 @@
  * The same loops as the numba kernels (pipeline/aggregate/_topk_kernel.py,
  * pipeline/core/_floors_kernel.py, pipeline/core/_group_kernel.py), statement
  * for statement, so the same sums in the same order: the same bits (the tests
- * run both on the same inputs). Built at install when a C compiler is there;
+ * run both on the same inputs). One addition: the top-k map's batch can add
+ * its rows' Σ_i q_im² (the floors kernel's per-row code, shared here) from its
+ * own pass, where numba's map leaves that to the floors kernel. Built at install when a C compiler is there;
  * without it the numba kernels are used. Importing this module costs about a
  * millisecond, where importing numba and loading its cached kernels costs
  * about half a second per process.
@@ -157,6 +159,147 @@ ceil_index(double x)
     return t + ((double)t < x);
 }
 
+/* ---- Σ_i q_im² of rows (pipeline.core.floors.MassSqRows) ------------------
+ *
+ * Shared by bin_mass_sq_rows and the top-k map's batch, which folds it into its
+ * own pass over the entries (it bins them already): a row's entries above fine
+ * bin 1 enter one by one (mass_sq_entry), then the row ends with its bin-1 mass
+ * (mass_sq_end_row). The same sums in the same order either way: the same bits. */
+typedef struct {
+    int64_t fine_bins, n_grids, out_width, width, words, stride, row, h;
+    const int64_t *grids, *source;
+    double *out, *fine_sum, *group_q;
+    int64_t *seen_in_row, *touched, *group_bin, *count, *coarse_of;
+    uint64_t *seen_bits;
+} MassSq;
+
+/* grids[0] = F, each coarser grid g dividing its source grid source[g] < g, out
+ * n_grids rows of at least every grid's width: 0 if so */
+static int
+mass_sq_invalid(int64_t fine_bins, const int64_t *grids, int64_t n_grids, const int64_t *source,
+                int64_t n_source, int64_t out_n)
+{
+    if (n_grids < 1 || fine_bins < 1 || grids[0] != fine_bins || n_source < n_grids
+        || out_n % n_grids != 0)
+        return 1;
+    int64_t out_width = out_n / n_grids;
+    for (int64_t g = 1; g < n_grids; g++)
+        if (source[g] < 0 || source[g] >= g || grids[g] < 1 || grids[g] > out_width
+            || grids[source[g]] % grids[g] != 0)
+            return 1;
+    return 0;
+}
+
+static void
+mass_sq_close(MassSq *m)
+{
+    free(m->fine_sum); free(m->seen_in_row); free(m->seen_bits); free(m->touched);
+    free(m->group_bin); free(m->group_q); free(m->count); free(m->coarse_of);
+    memset(m, 0, sizeof(*m));
+}
+
+/* for rows of at most `longest` entries (checked valid first); -1: no memory */
+static int
+mass_sq_open(MassSq *m, int64_t fine_bins, const int64_t *grids, const int64_t *source,
+             int64_t n_grids, double *out, int64_t out_n, int64_t longest)
+{
+    memset(m, 0, sizeof(*m));
+    m->fine_bins = fine_bins;
+    m->n_grids = n_grids;
+    m->out_width = out_n / n_grids;
+    m->grids = grids;
+    m->source = source;
+    m->out = out;
+    m->stride = fine_bins + 1;
+    /* the distinct fine bins of a row, and its bin-1 group */
+    m->width = longest + 1 < m->stride ? longest + 1 : m->stride;
+    m->words = (fine_bins >> 6) + 1;
+    m->fine_sum = (double *)calloc((size_t)m->stride, sizeof(double));
+    m->seen_in_row = (int64_t *)malloc((size_t)m->stride * sizeof(int64_t));
+    m->seen_bits = (uint64_t *)calloc((size_t)m->words, sizeof(uint64_t));
+    m->touched = (int64_t *)malloc((size_t)m->width * sizeof(int64_t));
+    m->group_bin = (int64_t *)malloc((size_t)(n_grids * m->width) * sizeof(int64_t));
+    m->group_q = (double *)malloc((size_t)(n_grids * m->width) * sizeof(double));
+    m->count = (int64_t *)calloc((size_t)n_grids, sizeof(int64_t));
+    m->coarse_of = (int64_t *)calloc((size_t)(n_grids * m->stride), sizeof(int64_t));
+    if (!m->fine_sum || !m->seen_in_row || !m->seen_bits || !m->touched || !m->group_bin
+        || !m->group_q || !m->count || !m->coarse_of) {
+        mass_sq_close(m);
+        return -1;
+    }
+    for (int64_t b = 0; b <= fine_bins; b++)
+        m->seen_in_row[b] = -1;
+    /* the bin of grid g holding bin b of its source grid: looked up, not divided */
+    for (int64_t g = 1; g < n_grids; g++) {
+        int64_t ratio = grids[source[g]] / grids[g];
+        for (int64_t b = 1; b <= grids[source[g]]; b++)
+            m->coarse_of[g * m->stride + b] = (b + ratio - 1) / ratio;
+    }
+    return 0;
+}
+
+/* an entry of the current row above fine bin 1: its fine bin and probability */
+static inline void
+mass_sq_entry(MassSq *m, int64_t level, double v)
+{
+    if (m->seen_in_row[level] != m->row) { /* a new fine bin: its sum starts at 0.0 */
+        m->seen_in_row[level] = m->row;
+        m->fine_sum[level] = 0.0;
+        m->seen_bits[level >> 6] |= (uint64_t)1 << (level & 63);
+        m->h += 1;
+    }
+    m->fine_sum[level] += v;
+}
+
+/* the current row ends, `low` its mass in fine bin 1: q_im² into out */
+static void
+mass_sq_end_row(MassSq *m, double low)
+{
+    int64_t h = m->h, width = m->width, stride = m->stride;
+    int64_t *touched = m->touched, *group_bin = m->group_bin, *count = m->count;
+    double *group_q = m->group_q;
+    if (h) { /* the distinct fine bins in ascending order, the bits cleared */
+        int64_t i = 0;
+        for (int64_t w = 0; w < m->words; w++) {
+            uint64_t word = m->seen_bits[w];
+            while (word) {
+                touched[i++] = (w << 6) + (int64_t)__builtin_ctzll(word);
+                word &= word - 1;
+            }
+            m->seen_bits[w] = 0;
+        }
+    }
+    group_bin[0] = 1; /* grid 0 (F): bin 1 holds the low mass, then a group per fine bin */
+    group_q[0] = low;
+    for (int64_t i = 0; i < h; i++) {
+        int64_t level = touched[i];
+        group_bin[i + 1] = level;
+        group_q[i + 1] = m->fine_sum[level];
+    }
+    count[0] = h + 1;
+    for (int64_t g = 1; g < m->n_grids; g++) {
+        int64_t src = m->source[g], groups = count[src], c = 0, i = 0;
+        const int64_t *coarse_g = m->coarse_of + g * stride;
+        const int64_t *src_bin = group_bin + src * width;
+        const double *src_q = group_q + src * width;
+        while (i < groups) {
+            int64_t coarse = coarse_g[src_bin[i]];
+            double q = 0.0;
+            while (i < groups && coarse_g[src_bin[i]] == coarse) {
+                q += src_q[i];
+                i++;
+            }
+            group_bin[g * width + c] = coarse;
+            group_q[g * width + c] = q;
+            m->out[g * m->out_width + coarse - 1] += q * q;
+            c++;
+        }
+        count[g] = c;
+    }
+    m->h = 0;
+    m->row += 1;
+}
+
 /* ---- the top-k map: class table, seq rows -------------------------------- */
 
 static inline int64_t
@@ -240,21 +383,22 @@ enum {
     B_TAIL_MASS, B_TAIL_MAX, B_BIN1_N, B_BIN1_P, B_BIN1_HITS, B_LABEL_COUNT, B_TOP1_COUNT,
     B_TOP1_COUNTS, B_TOP1_CONF, B_TOTALS, B_LARGEST_TAIL, B_BUF_KEYS, B_BUF_PROBS, B_BUF_N,
     B_PART_COUNTS, B_SEQ_ROWS, B_SEQ_N, B_DOC, B_TOUCHED, B_CURRENT, B_SLOTS, B_REGION_COUNTS,
-    B_ARRAYS
+    B_MSQ_GRIDS, B_MSQ_SOURCE, B_MSQ_OUT, B_ARRAYS
 };
 static const char *const BATCH_NAMES[] = {
     "ids", "probs", "offsets", "label", "top1_id", "top1_prob", "doc_id", "tail_count",
     "tail_mass", "tail_max", "bin1_n", "bin1_p_sum", "bin1_hits", "label_count", "top1_count",
     "top1_counts", "top1_conf", "totals", "largest_tail", "buffer keys", "buffer probs",
     "buffer used", "part_counts", "seq rows", "seq rows used", "doc", "touched", "current",
-    "class slots", "region counts"};
+    "class slots", "region counts", "mass_sq grids", "mass_sq source", "mass_sq out"};
 static const Spec BATCH_SPEC[] = {
     {'i', 4, 0, 1}, {'f', 4, 0, 1}, {'i', 8, 0, 1}, {'i', 4, 0, 1}, {'i', 4, 0, 1},
     {'f', 4, 0, 1}, {'i', 8, 0, 1}, {'i', 4, 0, 1}, {'f', 8, 0, 1}, {'f', 4, 0, 1},
     {'i', 8, 1, 0}, {'f', 8, 1, 0}, {'i', 8, 1, 0}, {'i', 8, 1, 1}, {'i', 8, 1, 1},
     {'i', 8, 1, 1}, {'f', 8, 1, 1}, {'i', 8, 1, 1}, {'f', 4, 1, 1}, {'i', 8, 1, 1},
     {'f', 4, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1},
-    {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}};
+    {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1},
+    {'i', 8, 0, 1}, {'i', 8, 0, 1}, {'f', 8, 1, 1}};
 
 /* batch(start, vocab, fine_bins, threshold, doc_limit, region_bits, *the B_* arrays)
  * -> (code, row): _topk_kernel.batch, statement for statement, when region_bits < 0.
@@ -262,7 +406,11 @@ static const Spec BATCH_SPEC[] = {
  * the class table (as insert would put it there, entries in the same order: the
  * same sums) instead of the buffer: while the table fits the cache, buffering
  * and partitioning cost more than they save. A row starts only when every
- * region has room for all its entries (else CODE_GROW_CLASSES at that row). */
+ * region has room for all its entries (else CODE_GROW_CLASSES at that row).
+ * With mass_sq grids (else empty), each row's Σ_i q_im² is added to mass_sq out
+ * as bin_mass_sq_rows adds it (the row's tail mass in bin 1), from this pass's
+ * own binning of the entries: the same bits (numba's batch leaves it to
+ * bin_mass_sq_rows). */
 static PyObject *
 py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -332,6 +480,27 @@ py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         arr_release(a, B_ARRAYS);
         PyErr_SetString(PyExc_ValueError, "batch: arrays of the wrong sizes");
         return NULL;
+    }
+    const int64_t *msq_grids = (const int64_t *)a[B_MSQ_GRIDS].ptr;
+    int64_t msq_n = a[B_MSQ_GRIDS].n;
+    if (msq_n > 0
+        && mass_sq_invalid(fine_bins, msq_grids, msq_n, (const int64_t *)a[B_MSQ_SOURCE].ptr,
+                           a[B_MSQ_SOURCE].n, a[B_MSQ_OUT].n)) {
+        arr_release(a, B_ARRAYS);
+        PyErr_SetString(PyExc_ValueError, "batch: mass_sq arrays of the wrong sizes");
+        return NULL;
+    }
+    MassSq msq = {0};
+    if (msq_n > 0) {
+        int64_t longest = 0;
+        for (int64_t i = start; i < n_rows; i++)
+            if (offsets[i + 1] - offsets[i] > longest)
+                longest = offsets[i + 1] - offsets[i];
+        if (mass_sq_open(&msq, fine_bins, msq_grids, (const int64_t *)a[B_MSQ_SOURCE].ptr, msq_n,
+                         (double *)a[B_MSQ_OUT].ptr, a[B_MSQ_OUT].n, longest) < 0) {
+            arr_release(a, B_ARRAYS);
+            return PyErr_NoMemory();
+        }
     }
     int direct = region_bits >= 0;
     uint64_t region_mask = direct ? ((uint64_t)1 << region_bits) - 1 : 0;
@@ -407,6 +576,8 @@ py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                     eu += 1;
                     part_counts[(uint64_t)c & pmask] += 1;
                 }
+                if (msq_n > 0)
+                    mass_sq_entry(&msq, (int64_t)b, v64);
                 int64_t *row = doc + b * SEQ_WIDTH;
                 int64_t n_b = row[SEQ_N];
                 if (n_b == 0)
@@ -417,6 +588,8 @@ py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             }
         }
         if (bad != CODE_OK) { code = bad; at = i; break; }
+        if (msq_n > 0)
+            mass_sq_end_row(&msq, p1 + tail_masses[i]);
         buf_n[0] = (int64_t)eu;
         if (hits == 0)
             totals[MISSING_LABELS] += 1;
@@ -447,6 +620,8 @@ py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         doc_f[b * SEQ_WIDTH + SEQ_CONF_SUM] += q64;
     }
     Py_END_ALLOW_THREADS
+    if (msq_n > 0)
+        mass_sq_close(&msq);
     arr_release(a, B_ARRAYS);
     return Py_BuildValue("(iL)", code, (long long)at);
 }
@@ -776,57 +951,28 @@ py_bin_mass_sq_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     const float *probs = (const float *)a[1].ptr;
     const double *bin1 = (const double *)a[2].ptr;
     const int64_t *grids = (const int64_t *)a[3].ptr, *source = (const int64_t *)a[4].ptr;
-    double *out = (double *)a[5].ptr;
     int64_t n = a[0].n - 1, n_grids = a[3].n;
-    int64_t out_width = n_grids > 0 ? a[5].n / n_grids : 0;
-    int bad = n < 0 || a[2].n < n || a[4].n < n_grids || n_grids < 1 || fine_bins < 1
-              || grids[0] != fine_bins || a[5].n != n_grids * out_width
-              || (n > 0 && offsets[n] > a[1].n);
-    for (int64_t g = 1; !bad && g < n_grids; g++)
-        bad = source[g] < 0 || source[g] >= g || grids[g] < 1 || grids[g] > out_width
-              || grids[source[g]] % grids[g] != 0;
-    if (bad) {
+    if (n < 0 || a[2].n < n || (n > 0 && offsets[n] > a[1].n)
+        || mass_sq_invalid(fine_bins, grids, n_grids, source, a[4].n, a[5].n)) {
         arr_release(a, 6);
         PyErr_SetString(PyExc_ValueError, "bin_mass_sq_rows: arrays of the wrong sizes");
         return NULL;
     }
-    int64_t width = 1;
+    int64_t longest = 0;
     for (int64_t r = 0; r < n; r++)
-        if (offsets[r + 1] - offsets[r] + 1 > width)
-            width = offsets[r + 1] - offsets[r] + 1;
-    if (width > fine_bins + 1)
-        width = fine_bins + 1; /* distinct fine bins of a row */
-    int64_t words = (fine_bins >> 6) + 1;
-    double *fine_sum = (double *)calloc((size_t)fine_bins + 1, sizeof(double));
-    int64_t *seen_in_row = (int64_t *)malloc(((size_t)fine_bins + 1) * sizeof(int64_t));
-    uint64_t *seen_bits = (uint64_t *)calloc((size_t)words, sizeof(uint64_t));
-    int64_t *touched = (int64_t *)malloc((size_t)width * sizeof(int64_t));
-    int64_t *group_bin = (int64_t *)malloc((size_t)(n_grids * width) * sizeof(int64_t));
-    double *group_q = (double *)malloc((size_t)(n_grids * width) * sizeof(double));
-    int64_t *count = (int64_t *)calloc((size_t)n_grids, sizeof(int64_t));
-    int64_t *coarse_of = (int64_t *)calloc((size_t)(n_grids * (fine_bins + 1)), sizeof(int64_t));
-    if (!fine_sum || !seen_in_row || !seen_bits || !touched || !group_bin || !group_q || !count
-        || !coarse_of) {
-        free(fine_sum); free(seen_in_row); free(seen_bits); free(touched);
-        free(group_bin); free(group_q); free(count); free(coarse_of);
+        if (offsets[r + 1] - offsets[r] > longest)
+            longest = offsets[r + 1] - offsets[r];
+    MassSq m;
+    if (mass_sq_open(&m, fine_bins, grids, source, n_grids, (double *)a[5].ptr, a[5].n,
+                     longest) < 0) {
         arr_release(a, 6);
         return PyErr_NoMemory();
     }
     int out_of_range = 0;
     Py_BEGIN_ALLOW_THREADS
-    int64_t stride = fine_bins + 1;
-    for (int64_t b = 0; b <= fine_bins; b++)
-        seen_in_row[b] = -1;
-    /* the bin of grid g holding bin b of its source grid: looked up, not divided */
-    for (int64_t g = 1; g < n_grids; g++) {
-        int64_t ratio = grids[source[g]] / grids[g];
-        for (int64_t b = 1; b <= grids[source[g]]; b++)
-            coarse_of[g * stride + b] = (b + ratio - 1) / ratio;
-    }
     double bins_f = (double)fine_bins;
     for (int64_t r = 0; r < n && !out_of_range; r++) {
         double low = 0.0;
-        int64_t h = 0;
         for (uint64_t t = (uint64_t)offsets[r]; t < (uint64_t)offsets[r + 1]; t++) {
             float v = probs[t];
             if ((double)v > threshold) {
@@ -835,13 +981,7 @@ py_bin_mass_sq_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                     out_of_range = 1;
                     break;
                 }
-                if (seen_in_row[level] != r) { /* a new fine bin: its sum starts at 0.0 */
-                    seen_in_row[level] = r;
-                    fine_sum[level] = 0.0;
-                    seen_bits[level >> 6] |= (uint64_t)1 << (level & 63);
-                    h += 1;
-                }
-                fine_sum[level] += (double)v;
+                mass_sq_entry(&m, (int64_t)level, (double)v);
             } else {
                 low += (double)v;
             }
@@ -849,48 +989,10 @@ py_bin_mass_sq_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (out_of_range)
             break;
         low += bin1[r];
-        if (h) { /* the distinct fine bins in ascending order, the bits cleared */
-            int64_t i = 0;
-            for (int64_t w = 0; w < words; w++) {
-                uint64_t word = seen_bits[w];
-                while (word) {
-                    touched[i++] = (w << 6) + (int64_t)__builtin_ctzll(word);
-                    word &= word - 1;
-                }
-                seen_bits[w] = 0;
-            }
-        }
-        group_bin[0] = 1; /* grid 0 (F): bin 1 holds the low mass, then a group per fine bin */
-        group_q[0] = low;
-        for (int64_t i = 0; i < h; i++) {
-            int64_t level = touched[i];
-            group_bin[i + 1] = level;
-            group_q[i + 1] = fine_sum[level];
-        }
-        count[0] = h + 1;
-        for (int64_t g = 1; g < n_grids; g++) {
-            int64_t src = source[g], groups = count[src], c = 0, i = 0;
-            const int64_t *coarse_g = coarse_of + g * stride;
-            const int64_t *src_bin = group_bin + src * width;
-            const double *src_q = group_q + src * width;
-            while (i < groups) {
-                int64_t coarse = coarse_g[src_bin[i]];
-                double q = 0.0;
-                while (i < groups && coarse_g[src_bin[i]] == coarse) {
-                    q += src_q[i];
-                    i++;
-                }
-                group_bin[g * width + c] = coarse;
-                group_q[g * width + c] = q;
-                out[g * out_width + coarse - 1] += q * q;
-                c++;
-            }
-            count[g] = c;
-        }
+        mass_sq_end_row(&m, low);
     }
     Py_END_ALLOW_THREADS
-    free(fine_sum); free(seen_in_row); free(seen_bits); free(touched);
-    free(group_bin); free(group_q); free(count); free(coarse_of);
+    mass_sq_close(&m);
     arr_release(a, 6);
     if (out_of_range) {
         PyErr_SetString(PyExc_ValueError, "bin_mass_sq_rows: a probability above 1");

@@ -378,6 +378,11 @@ class MassSqRows:
             self._out,
         )
 
+    def kernel_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(grids, source, out) for a compiled pass that adds rows itself (the
+        C top-k map folds them into its own pass: ``_topk_native.batch``)."""
+        return self._grids, self._source, self._out
+
     def result(self) -> dict:
         return {int(m): self._out[g, :m].copy() for g, m in enumerate(self._grids) if g}
 
