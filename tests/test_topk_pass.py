@@ -125,20 +125,32 @@ def test_label_kept_twice_is_refused(tmp_path, map_path, case):
 
 
 @pytest.mark.parametrize("shard_rows", [90, 1000])  # 3 shards; 1 (its part is its tables)
-def test_interleaved_documents_sum_right(tmp_path, map_path, shard_rows):
+@pytest.mark.parametrize("documents", ["interleaved", "long"])
+def test_interleaved_documents_sum_right(tmp_path, map_path, shard_rows, documents):
     """A document that comes back later in a shard (its seq rows then repeat
     (doc, bin) keys, out of order) is summed into one row per bin, also in a
-    run of one shard, whose tables are its map's part as it wrote it."""
-    case = dense_case(240, 25, seed=8, docs=10)
-    order = np.argsort(np.arange(case.n) % 7, kind="stable")  # documents split into runs
-    for name in ("logits", "probs", "labels", "doc_ids", "lse"):
-        setattr(case, name, getattr(case, name)[order])
+    run of one shard, whose tables are its map's part as it wrote it. Long
+    documents touch hundreds of bins each (the C flush then reads its marks
+    in bin order instead of sorting the few bins of a short run)."""
+    if documents == "interleaved":
+        case, k = dense_case(240, 25, seed=8, docs=10), 4
+        order = np.argsort(np.arange(case.n) % 7, kind="stable")  # documents split into runs
+        for name in ("logits", "probs", "labels", "doc_ids", "lse"):
+            setattr(case, name, getattr(case, name)[order])
+    else:
+        case, k = dense_case(240, 400, seed=8, docs=2, scale=2.0), 40
     run = tmp_path / "run"
-    manifest = write_run(run, case, k=4, shard_rows=shard_rows)
+    manifest = write_run(run, case, k=k, shard_rows=shard_rows)
     tables = aggregate_runs([run])
     acc = CalibrationAccumulator(vocab_size=manifest["vocab_size"])
     accumulate_kept(acc, run, manifest)
     assert_table_columns_equal(tables, acc.compute())
+    # the bins a flush writes: at most (kept + top-1) per position of a run of a document
+    runs = np.diff(np.flatnonzero(np.r_[True, case.doc_ids[1:] != case.doc_ids[:-1], True]))
+    if documents == "long":  # whole documents, one flush each: its bins are the table's
+        assert np.bincount(tables.seq_bins.ids - tables.seq_bins.ids.min()).max() >= 1000 // 16
+    else:
+        assert runs.max() * (k + 1) < 1000 // 16
 
 
 def test_pass_equals_the_sql_definition(tmp_path, case):

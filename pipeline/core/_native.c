@@ -3,9 +3,11 @@
  * The same loops as the numba kernels (pipeline/aggregate/_topk_kernel.py,
  * pipeline/core/_floors_kernel.py, pipeline/core/_group_kernel.py), statement
  * for statement, so the same sums in the same order: the same bits (the tests
- * run both on the same inputs). One addition: the top-k map's batch can add
- * its rows' Σ_i q_im² (the floors kernel's per-row code, shared here) from its
- * own pass, where numba's map leaves that to the floors kernel. Built at install when a C compiler is there;
+ * run both on the same inputs). Two departures, the same results: the top-k
+ * map's batch can add its rows' Σ_i q_im² (the floors kernel's per-row code,
+ * shared here) from its own pass, where numba's map leaves that to the floors
+ * kernel; and a document's flush reads many touched bins' marks in bin order
+ * where numba's sorts them. Built at install when a C compiler is there;
  * without it the numba kernels are used. Importing this module costs about a
  * millisecond, where importing numba and loading its cached kernels costs
  * about half a second per process.
@@ -334,8 +336,15 @@ static void
 flush_document(int64_t *doc, int64_t *touched, int64_t *seq_rows, int64_t capacity,
                int64_t *seq_n, const int64_t *current, int64_t stride)
 {
-    int64_t base = current[CURRENT_DOC] * stride;
-    qsort(touched + 1, (size_t)touched[0], sizeof(int64_t), cmp_int64);
+    int64_t base = current[CURRENT_DOC] * stride, count = touched[0];
+    if (count * 16 >= stride) { /* many bins: their marks read in bin order, not sorted */
+        int64_t t = 0;
+        for (int64_t b = 0; b < stride && t < count; b++)
+            if (doc[b * SEQ_WIDTH + SEQ_MARKED])
+                touched[++t] = b;
+    } else {
+        qsort(touched + 1, (size_t)count, sizeof(int64_t), cmp_int64);
+    }
     for (int64_t t = 1; t <= touched[0]; t++) {
         int64_t b = touched[t];
         int64_t r = seq_n[0];
