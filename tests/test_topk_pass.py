@@ -218,9 +218,18 @@ def test_grouping_through_every_growth_path(tmp_path, monkeypatch, kernels):
     manifest = write_run(run, case, k=40, shard_rows=100)
     monkeypatch.setitem(topk_pass._capacity_hint, "class_region_bits", 1)
     monkeypatch.setitem(topk_pass._capacity_hint, "seq", 4)
+    monkeypatch.setattr(topk_pass, "_SEQ_ROWS_PER_POSITION", 0)  # not sized from the shard
     monkeypatch.setattr(topk_pass, "_BUFFER_ENTRIES", 64)
     monkeypatch.setattr(topk_pass, "_CLASSES_PER_PARTITION", 100)  # 32 partitions
+    grown = []
+    reserve = topk_pass.TopkShardPass._reserve_seq_rows
+    monkeypatch.setattr(
+        topk_pass.TopkShardPass,
+        "_reserve_seq_rows",
+        lambda state: reserve(state) or grown.append(state._seq_rows.shape[1]),
+    )
     tables = aggregate_runs([run])
+    assert max(grown) > 4  # the seq rows did grow
     assert topk_pass._capacity_hint["class_region_bits"] > 2  # the regions did grow
     expected_modes = {"native": {True}, "native-switch": {True, False}}.get(kernels, {False})
     assert set(modes) == expected_modes
@@ -485,3 +494,32 @@ def test_the_c_pass_adds_the_scores_mass_sq_as_the_floor_kernel(monkeypatch, ker
                 q[:, 1] += tail
                 np.testing.assert_allclose(got[m], (q[:, 1:] ** 2).sum(0), rtol=1e-12, atol=0)
         assert state.positions == 258
+
+
+def test_seq_rows_sized_from_the_shard_never_grow(tmp_path, monkeypatch):
+    """A shard's map starts with room for _SEQ_ROWS_PER_POSITION seq rows a
+    position (real runs make ~2.5): on such a run the rows are never copied
+    into a larger array, and the tables are the metric core's."""
+    from pipeline.aggregate import topk_pass, topk_small
+
+    monkeypatch.setattr(topk_small, "SMALL_RUN_ENTRIES", 0)
+    monkeypatch.setitem(topk_pass._capacity_hint, "seq", 4)
+    sizes = []
+    tables_of = topk_pass.TopkShardPass.tables
+    monkeypatch.setattr(
+        topk_pass.TopkShardPass,
+        "tables",
+        lambda state: (
+            sizes.append((state._seq_rows.shape[1], int(state._seq_n[0]))) or tables_of(state)
+        ),
+    )
+    case = dense_case(300, 200, seed=3, docs=4)
+    run = tmp_path / "run"
+    manifest = write_run(run, case, k=30, shard_rows=300)
+    tables = aggregate_runs([run])
+    ((capacity, used),) = sizes
+    assert capacity == topk_pass._SEQ_ROWS_PER_POSITION * 300 + 1001  # F + 1 rows more
+    assert 0 < used <= topk_pass._SEQ_ROWS_PER_POSITION * 300
+    acc = CalibrationAccumulator(vocab_size=manifest["vocab_size"])
+    accumulate_kept(acc, run, manifest)
+    assert_table_columns_equal(tables, acc.compute())

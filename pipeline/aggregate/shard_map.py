@@ -154,7 +154,7 @@ def _aggregate_topk_shard(
 
         state = SmallTopkShardPass(vocab_size=k, fine_bins=fine_bins)
     else:
-        state = TopkShardPass(vocab_size=k, fine_bins=fine_bins)
+        state = TopkShardPass(vocab_size=k, fine_bins=fine_bins, expected_rows=shard.rows)
     try:
         # decode the next batch (GIL released) while the kernel (nogil) folds this one
         ahead = (

@@ -56,6 +56,13 @@ from pipeline.errors import FulleceError
 # 0.87 -> 0.69 GB (fewer fresh pages to fault in; docs/performance.md)
 BATCH_ROWS = 16_384
 _INITIAL_SEQ_ROWS = 1 << 16  # grown by doubling
+# A shard of known rows starts with room for this many seq rows a position (real
+# runs make ~2.5: documents x bins); unwritten rows cost address space only (a
+# page is faulted in when a row on it is written), where each doubling copies
+# the rows into fresh pages: real32k's map in fresh processes 210-425 ms ->
+# 182-188 ms (docs/performance.md)
+_SEQ_ROWS_PER_POSITION = 4
+_MOST_INITIAL_SEQ_ROWS = 1 << 21  # 128 MB of address space
 _BUFFER_ENTRIES = 1 << 21  # entries above bin 1 buffered before grouping (12 bytes each, x2)
 _CLASSES_PER_PARTITION = 512  # a region then holds ~ all its classes' bins in L2
 # With the C kernels, entries above bin 1 go straight into the class table while
@@ -213,6 +220,7 @@ class TopkShardPass:
     positions: int = 0
     kept_entries: int = 0
     extra: dict = field(default_factory=dict)  # room for per-shard outputs of other passes
+    expected_rows: int = 0  # the shard's positions, when known: the seq rows' first size
 
     def __post_init__(self):
         k, f = self.vocab_size, self.fine_bins
@@ -232,7 +240,9 @@ class TopkShardPass:
         # per document and bin, a seq row (topk_format.SEQ_*), stored as columns:
         # they become seq_bins' columns as they are (never reused, not cleared:
         # rows past _seq_n are never read, and pages never written cost nothing)
-        self._seq_rows = np.empty((fmt.SEQ_WIDTH, _capacity_hint["seq"]), np.int64)
+        # (and a document's bins more: the kernel asks for that much room per row)
+        room = min(_SEQ_ROWS_PER_POSITION * self.expected_rows + f + 1, _MOST_INITIAL_SEQ_ROWS)
+        self._seq_rows = np.empty((fmt.SEQ_WIDTH, max(_capacity_hint["seq"], room)), np.int64)
         self._seq_n = np.zeros(1, np.int64)
         # (keys, probs) twice: arrival order, partition order
         self._buffer = scratch.get("buffer")
