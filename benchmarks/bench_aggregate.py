@@ -619,7 +619,9 @@ for i, shard in enumerate(shards):
     t = cpu()
     check_shard(shard)  # the sha256 of its files, its schemas
     steps["hash"] += cpu() - t
-    state = topk_pass.TopkShardPass(vocab_size=shard.vocab_size, fine_bins=fine_bins)
+    state = topk_pass.TopkShardPass(
+        vocab_size=shard.vocab_size, fine_bins=fine_bins, expected_rows=shard.rows
+    )
     scan = positions.PositionScan(keep_pairs=False, fine_bins=fine_bins)
     batches = _map_batches(shard, False, with_scores=True)  # the digests are cached now
     while True:  # batch by batch, as aggregate streams them (no batch kept)
@@ -629,10 +631,10 @@ for i, shard in enumerate(shards):
         if batch is None:
             break
         t = cpu()
-        state.add_batch(batch)
+        mass_sq = state.add_batch(batch, with_mass_sq=True)  # the C kernels fold it in
         steps["kernel"] += cpu() - t
         t = cpu()
-        scan.add_sums(scan.batch_sums(batch))
+        scan.add_sums(scan.batch_sums(batch, mass_sq=mass_sq))
         steps["scores"] += cpu() - t
     t = cpu()
     tables = {n: numpy_table(c, TABLE_SCHEMAS[n]) for n, c in state.tables().items()}
@@ -664,7 +666,8 @@ def cpu_steps(run_dir: Path) -> dict:
     kernel and its tables, the scores' pass, the part files and the tables
     written once: a one-shard run's copied from its part, as `aggregate`
     does), one after another on one thread in a fresh process: what the work
-    costs, apart from how it is scheduled. The reduce's merge of several
+    costs, apart from how it is scheduled. With the C kernels the scores'
+    Σ_i q_im² is the map kernel's (as in `aggregate`), so `kernel` holds it. The reduce's merge of several
     parts is left out (the tables are encoded from the parts' rows)."""
     proc = subprocess.run(
         [sys.executable, "-c", _CPU_STEPS, str(run_dir), str(DEFAULT_FINE_BINS_)],
