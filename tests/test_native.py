@@ -113,3 +113,26 @@ def test_a_class_table_too_small_for_its_regions_is_refused():
     fits.slots[:, 0] = np.iinfo(np.int64).min
     assert _topk_native.batch(0, *args, fits) == (0, -1)
     assert fits.counts[0] == 2 and fits.slots[:, 1].sum() == 2  # (0, bin 5), (1, bin 5)
+
+
+@pytest.mark.parametrize("abi", [None, 1])
+def test_a_build_of_other_kernel_arguments_is_refused(monkeypatch, abi):
+    """A C module built from an older source (kernels taking other arguments,
+    the same table layout) is refused with a clear error on import, not run
+    with arguments it would misread (a development tree not rebuilt)."""
+    import importlib.util
+    import types
+
+    import pipeline.aggregate._topk_native as wrappers
+    import pipeline.core
+    from pipeline.core import _native
+
+    assert _native.ABI == wrappers.ABI  # this build
+    stale = types.ModuleType("pipeline.core._native")
+    stale.__dict__.update({k: v for k, v in vars(_native).items() if k != "ABI"})
+    if abi is not None:
+        stale.ABI = abi
+    monkeypatch.setattr(pipeline.core, "_native", stale)
+    spec = importlib.util.spec_from_file_location("stale_wrappers", wrappers.__file__)
+    with pytest.raises(ImportError, match="another version of its source.*reinstall"):
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))

@@ -10,10 +10,16 @@ import numpy as np
 from pipeline.aggregate import topk_format as fmt
 from pipeline.core import _native
 
+# _native.c's NATIVE_ABI: the kernels' arguments these wrappers pass
+ABI = 2
 _LAYOUT = {name: int(getattr(fmt, name)) for name in _native.LAYOUT if hasattr(fmt, name)}
 _LAYOUT.update({code.name: int(code) for code in fmt.KernelCode})
-if _LAYOUT != _native.LAYOUT:  # a stale build of another layout: never run it
-    raise ImportError("pipeline.core._native was built for another table layout: reinstall")
+# a stale build (another layout, other arguments): never run it
+if _LAYOUT != _native.LAYOUT or getattr(_native, "ABI", None) != ABI:
+    raise ImportError(
+        "pipeline.core._native was built from another version of its source "
+        "(table layout or kernel arguments): reinstall (make install)"
+    )
 
 
 def _as(values, dtype) -> np.ndarray:

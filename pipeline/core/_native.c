@@ -37,6 +37,8 @@ enum { TOP1_N = 0, TOP1_CORRECT = 1 };
 enum { MISSING_LABELS = 0, LABEL_HITS = 1, TAIL_COUNT = 2 };
 enum { CURRENT_DOC = 0, CURRENT_OPEN = 1 };
 #define EMPTY INT64_MIN
+/* raised whenever a kernel's arguments change: the wrappers refuse another build */
+#define NATIVE_ABI 2
 #define KEY_MASK (~(((int64_t)1) << 31))
 
 /* ---- arrays through the buffer protocol --------------------------------- */
@@ -1284,6 +1286,10 @@ PyInit__native(void)
         "EMPTY", (long long)EMPTY);
     if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
         Py_XDECREF(layout);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "ABI", NATIVE_ABI) < 0) {
         Py_DECREF(m);
         return NULL;
     }
