@@ -667,8 +667,9 @@ def cpu_steps(run_dir: Path) -> dict:
     written once: a one-shard run's copied from its part, as `aggregate`
     does), one after another on one thread in a fresh process: what the work
     costs, apart from how it is scheduled. With the C kernels the scores'
-    Σ_i q_im² is the map kernel's (as in `aggregate`), so `kernel` holds it. The reduce's merge of several
-    parts is left out (the tables are encoded from the parts' rows)."""
+    Σ_i q_im² is the map kernel's (as in `aggregate`), so `kernel` holds it.
+    The reduce's merge of several parts is left out (the tables are encoded
+    from the parts' rows)."""
     proc = subprocess.run(
         [sys.executable, "-c", _CPU_STEPS, str(run_dir), str(DEFAULT_FINE_BINS_)],
         check=True,

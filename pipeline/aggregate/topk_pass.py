@@ -59,8 +59,7 @@ _INITIAL_SEQ_ROWS = 1 << 16  # grown by doubling
 # A shard of known rows starts with room for this many seq rows a position (real
 # runs make ~2.5: documents x bins); unwritten rows cost address space only (a
 # page is faulted in when a row on it is written), where each doubling copies
-# the rows into fresh pages: real32k's map in fresh processes 210-425 ms ->
-# 182-188 ms (docs/performance.md)
+# the rows into fresh pages (docs/performance.md, "seq rows sized from the shard")
 _SEQ_ROWS_PER_POSITION = 4
 _MOST_INITIAL_SEQ_ROWS = 1 << 21  # 128 MB of address space
 _BUFFER_ENTRIES = 1 << 21  # entries above bin 1 buffered before grouping (12 bytes each, x2)

@@ -170,8 +170,8 @@ ceil_index(double x)
  * bin 1 enter one by one (mass_sq_entry), then the row ends with its bin-1 mass
  * (mass_sq_end_row). The same sums in the same order either way: the same bits. */
 typedef struct {
-    int64_t fine_bins, n_grids, out_width, width, words, stride, row, h;
-    const int64_t *grids, *source;
+    int64_t n_grids, out_width, width, words, stride, row, h;
+    const int64_t *source;
     double *out, *fine_sum, *group_q;
     int64_t *seen_in_row, *touched, *group_bin, *count, *coarse_of;
     uint64_t *seen_bits;
@@ -202,16 +202,19 @@ mass_sq_close(MassSq *m)
     memset(m, 0, sizeof(*m));
 }
 
-/* for rows of at most `longest` entries (checked valid first); -1: no memory */
+/* for rows first..last-1 of `offsets` (the arrays checked valid first); -1: no memory */
 static int
 mass_sq_open(MassSq *m, int64_t fine_bins, const int64_t *grids, const int64_t *source,
-             int64_t n_grids, double *out, int64_t out_n, int64_t longest)
+             int64_t n_grids, double *out, int64_t out_n, const int64_t *offsets,
+             int64_t first, int64_t last)
 {
+    int64_t longest = 0;
+    for (int64_t r = first; r < last; r++)
+        if (offsets[r + 1] - offsets[r] > longest)
+            longest = offsets[r + 1] - offsets[r];
     memset(m, 0, sizeof(*m));
-    m->fine_bins = fine_bins;
     m->n_grids = n_grids;
     m->out_width = out_n / n_grids;
-    m->grids = grids;
     m->source = source;
     m->out = out;
     m->stride = fine_bins + 1;
@@ -502,16 +505,11 @@ py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     MassSq msq = {0};
-    if (msq_n > 0) {
-        int64_t longest = 0;
-        for (int64_t i = start; i < n_rows; i++)
-            if (offsets[i + 1] - offsets[i] > longest)
-                longest = offsets[i + 1] - offsets[i];
-        if (mass_sq_open(&msq, fine_bins, msq_grids, (const int64_t *)a[B_MSQ_SOURCE].ptr, msq_n,
-                         (double *)a[B_MSQ_OUT].ptr, a[B_MSQ_OUT].n, longest) < 0) {
-            arr_release(a, B_ARRAYS);
-            return PyErr_NoMemory();
-        }
+    if (msq_n > 0
+        && mass_sq_open(&msq, fine_bins, msq_grids, (const int64_t *)a[B_MSQ_SOURCE].ptr, msq_n,
+                        (double *)a[B_MSQ_OUT].ptr, a[B_MSQ_OUT].n, offsets, start, n_rows) < 0) {
+        arr_release(a, B_ARRAYS);
+        return PyErr_NoMemory();
     }
     int direct = region_bits >= 0;
     uint64_t region_mask = direct ? ((uint64_t)1 << region_bits) - 1 : 0;
@@ -969,13 +967,9 @@ py_bin_mass_sq_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "bin_mass_sq_rows: arrays of the wrong sizes");
         return NULL;
     }
-    int64_t longest = 0;
-    for (int64_t r = 0; r < n; r++)
-        if (offsets[r + 1] - offsets[r] > longest)
-            longest = offsets[r + 1] - offsets[r];
     MassSq m;
-    if (mass_sq_open(&m, fine_bins, grids, source, n_grids, (double *)a[5].ptr, a[5].n,
-                     longest) < 0) {
+    if (mass_sq_open(&m, fine_bins, grids, source, n_grids, (double *)a[5].ptr, a[5].n, offsets,
+                     0, n) < 0) {
         arr_release(a, 6);
         return PyErr_NoMemory();
     }
