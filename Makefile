@@ -88,9 +88,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/pip install -q -e ".[bench]"
-	@# bytecode as an install has it (edited sources would otherwise be compiled
-	@# afresh by every timed process: PYTHONDONTWRITEBYTECODE=1 caches nothing)
-	$(PY) -m compileall -q pipeline benchmarks >/dev/null
+	@# (the benchmarks compile the sources' stale bytecode themselves: benchmarks/processes.py)
 	$(PY) -m benchmarks.run_all --out benchmarks/results
 
 extract: $(STAMP)

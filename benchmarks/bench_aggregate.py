@@ -47,6 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks.processes import timed_process_env
 from pipeline.store.hashes import path_sha256
 from pipeline.store.schema import CLASS_TAIL, POSITIONS
 
@@ -497,7 +498,7 @@ def _timed_process(cmd: list[str], kernels: str | None = None) -> dict:
     whole process, with PYTHONDONTWRITEBYTECODE=1 as users often run it;
     `kernels`: FULLECE_KERNELS for it (None: the default, the C kernels when
     built)."""
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env = timed_process_env()
     env.pop("FULLECE_KERNELS", None)
     if kernels is not None:
         env["FULLECE_KERNELS"] = kernels
@@ -675,7 +676,7 @@ def cpu_steps(run_dir: Path) -> dict:
         check=True,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        env=timed_process_env(),
         cwd=Path(__file__).resolve().parent.parent,
     )
     return json.loads(proc.stdout.strip().splitlines()[-1])

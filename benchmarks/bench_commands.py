@@ -60,6 +60,7 @@ from benchmarks.bench_aggregate import (
     group_stats,
     make_topk_run,
 )
+from benchmarks.processes import timed_process_env
 
 SMALL = 4_000
 LARGE = 500_000
@@ -73,7 +74,7 @@ BASELINE = (
 
 
 def _env() -> dict:
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env = timed_process_env()
     env.pop("PYTHONPROFILEIMPORTTIME", None)
     return env
 

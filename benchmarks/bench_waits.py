@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.processes import timed_process_env
+
 SILENT_S = 2.0
 NOTICE_PREFIX = "fullece: "
 
@@ -187,7 +189,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--docs", type=int, default=None)
     args = parser.parse_args(argv)
     docs = args.docs or (200 if args.quick else 1500)
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env = timed_process_env()
     env.pop("FULLECE_PROGRESS", None)
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_waits_") as tmp:

@@ -150,3 +150,53 @@ def test_bench_extract_runs(tmp_path):
     )  # fmt: skip
     assert result["positions"] > 0 and result["kept_entries"] > 0
     assert (tmp_path / "extract.json").exists()
+
+
+def test_timed_processes_import_compiled_bytecode_of_edited_sources(tmp_path):
+    """A module edited after its bytecode was compiled is compiled afresh by
+    every process run with PYTHONDONTWRITEBYTECODE=1; the benchmarks' process
+    environment compiles it first, so the timed process loads the bytecode of
+    the edited source."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    from benchmarks.processes import compile_sources, timed_process_env
+
+    package = tmp_path / "timedpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    module = package / "mod.py"
+    module.write_text("VALUE = 1\n")
+    assert compile_sources([package]) == []
+    module.write_text("VALUE = 2\n")  # edited: the bytecode is stale now
+    st = module.stat()
+    os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    env = timed_process_env(PYTHONPATH=str(tmp_path))
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+
+    def imported_from() -> tuple[str, str]:
+        proc = subprocess.run(
+            [sys.executable, "-v", "-c", "import timedpkg.mod as m; print(m.VALUE)"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        line = next(
+            ln for ln in proc.stderr.splitlines() if "code object from" in ln and "mod" in ln
+        )
+        return proc.stdout.strip(), line
+
+    value, line = imported_from()
+    assert value == "2" and line.rstrip("'").endswith("mod.py")  # compiled from source
+    # compile_sources compiles a directory once per process: a fresh one does it now
+    subprocess.run(
+        [sys.executable, "-c", f"from benchmarks.processes import compile_sources as c; "
+         f"assert c([{str(package)!r}]) == []"],
+        check=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )  # fmt: skip
+    value, line = imported_from()
+    assert value == "2" and importlib.util.cache_from_source(str(module)) in line
