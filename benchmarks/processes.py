@@ -40,8 +40,8 @@ def project_sources() -> list[Path]:
     return [Path(pipeline.__file__).resolve().parent, Path(__file__).resolve().parent]
 
 
-def timed_process_env(**overrides: str) -> dict[str, str]:
-    """``os.environ`` with ``PYTHONDONTWRITEBYTECODE=1`` and `overrides`, the
-    project's bytecode compiled first (:func:`compile_sources`)."""
+def timed_process_env() -> dict[str, str]:
+    """``os.environ`` with ``PYTHONDONTWRITEBYTECODE=1``, the project's
+    bytecode compiled first (:func:`compile_sources`)."""
     compile_sources(project_sources())
-    return {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **overrides}
+    return {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}

@@ -173,7 +173,7 @@ def test_timed_processes_import_compiled_bytecode_of_edited_sources(tmp_path):
     module.write_text("VALUE = 2\n")  # edited: the bytecode is stale now
     st = module.stat()
     os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
-    env = timed_process_env(PYTHONPATH=str(tmp_path))
+    env = {**timed_process_env(), "PYTHONPATH": str(tmp_path)}
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"
 
     def imported_from() -> tuple[str, str]:
