@@ -72,6 +72,21 @@ def test_realistic_section_measures_whole_processes(tmp_path):
     assert h["aggregate_beyond_decode_floor_seconds"] == pytest.approx(
         best["aggregate"] - best["decode_floor_process"]
     )
+    # the work scheduled: every step from the moment pyarrow is imported (the
+    # sha256 alone before, on the other cores), and the chain one thread runs
+    cpus, reader = h["cpus"], best["reader_floor_process"]
+    imports = best["command_imports_process"]
+    later = max(0.0, imports - reader) + max(0.0, steps["hash"] - reader * (cpus - 1))
+    later += steps["decode"] + steps["kernel"] + steps["scores"] + steps["write"]
+    assert h["schedule_bound_seconds"] == pytest.approx(reader + later / cpus)
+    shards = len(list((run / "shards").glob("positions-*.parquet")))
+    assert shards == 2
+    chain = imports + (steps["kernel"] + steps["write"]) / min(cpus, shards)
+    assert h["design_chain_seconds"] == pytest.approx(chain)
+    for bound in ("schedule_bound", "design_chain"):
+        assert h[f"{bound}_ratio_to_plain_scan"] == pytest.approx(
+            best["scan"] / h[f"{bound}_seconds"]
+        )
     assert r["speedup_over_numba_kernels"]["ratio"] == pytest.approx(
         best["aggregate_numba"] / best["aggregate"]
     )
