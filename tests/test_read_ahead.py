@@ -109,6 +109,43 @@ def test_first_shard_read_while_kernels_load_gives_the_same_tables(
         assert pq.read_table(early / f"{name}.parquet").equals(want), name
 
 
+@pytest.mark.parametrize("cores, pool", [(1, False), (2, False), (3, True), (16, True)])
+def test_a_lone_shard_decodes_on_pyarrows_pool_only_where_cores_are_left(
+    tmp_path, monkeypatch, cores, pool
+):
+    """A run of one shard: its reading thread and its kernel keep two cores
+    busy, so pyarrow's pool decodes it only on a machine with more (on two it
+    took CPU from the kernel: docs/performance.md); each row group is read
+    with that choice, and the tables are the same bits either way."""
+    import pyarrow.parquet as pq
+
+    from pipeline.aggregate import aggregate, topk_small
+    from pipeline.store import batches as store_batches
+    from pipeline.store import run as store_run
+    from pipeline.store.tablestore import TABLE_NAMES
+    from tests.helpers.analysis_runs import dense_case, write_run
+
+    monkeypatch.setattr(topk_small, "SMALL_RUN_ENTRIES", 1)
+    case = dense_case(n=500, vocab_size=41, seed=5, docs=20)
+    write_run(tmp_path / "run", case, store="topk", k=5, tau=0.01, shard_rows=500)
+    want = aggregate(tmp_path / "run", tmp_path / "before", keep_parts=False, progress=False)[0]
+    chosen = []
+    real = store_batches.row_group_batches
+
+    def spy(pf, batch_rows, columns, *, use_threads=True):
+        chosen.append(use_threads)
+        return real(pf, batch_rows, columns, use_threads=use_threads)
+
+    monkeypatch.setattr(store_run, "row_group_batches", spy)
+    monkeypatch.setattr("os.cpu_count", lambda: cores)
+    got = aggregate(tmp_path / "run", tmp_path / "tables", keep_parts=False, progress=False)[0]
+    assert chosen == [pool]  # the map's one read of the shard
+    for name in TABLE_NAMES:
+        assert pq.read_table(got / f"{name}.parquet").equals(
+            pq.read_table(want / f"{name}.parquet")
+        ), name
+
+
 def test_first_read_holds_an_eighth_of_the_memory_limit(tmp_path, monkeypatch):
     """`--memory-limit` bounds the batches the first read decodes ahead: it
     fetches while they hold less than an eighth of it (see

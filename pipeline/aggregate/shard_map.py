@@ -96,6 +96,16 @@ class FirstRead:
         self.batches.close()
 
 
+def pool_decodes(shards_at_once: int) -> bool:
+    """Whether pyarrow's thread pool decodes a shard's batches, rather than
+    the one thread that reads them: only where the cores outnumber the threads
+    the map keeps busy already, a decoding thread and a kernel per shard. On
+    two cores, a lone shard's pool took CPU from its kernel: with one thread,
+    whole processes' median time and CPU were 2-8% lower in 6 of 7 interleaved
+    comparisons (docs/performance.md, "How far scheduling can go")."""
+    return (os.cpu_count() or 1) > 2 * shards_at_once
+
+
 def start_map_read(runs: list[Run], memory_limit_bytes: int, *, with_scores: bool = False):
     """Begin checking and decoding the first top-k shard, on a thread, before
     the map starts: with numba's kernels, importing numba and loading them
@@ -110,10 +120,15 @@ def start_map_read(runs: list[Run], memory_limit_bytes: int, *, with_scores: boo
     shard = next((s for run in runs if run.store == "topk" for s in run.shards), None)
     if shard is None:
         return None
-    # pyarrow's threads decode a lone shard (as the map would) once the kernels
-    # are loaded (a later aggregation in this process): nothing to hide behind
+    # a lone shard is decoded on pyarrow's threads where cores are left for
+    # them (pool_decodes) once the kernels are loaded (the C kernels, or
+    # numba's in a later aggregation of this process): nothing to hide behind
     lone = sum(len(run.shards) for run in runs) == 1
-    threads = lone and (native_kernels() or "pipeline.aggregate._topk_kernel" in sys.modules)
+    threads = (
+        lone
+        and pool_decodes(1)
+        and (native_kernels() or "pipeline.aggregate._topk_kernel" in sys.modules)
+    )
     batches = _map_batches(shard, threads, with_scores=with_scores)
     return FirstRead(shard, ReadAhead(batches, max_bytes=memory_limit_bytes // _FIRST_READ_SHARE))
 
@@ -136,8 +151,9 @@ def _aggregate_topk_shard(
     The positions file is decoded once, batch by batch, and every table and
     check is fed from that pass (``pipeline.aggregate.topk_pass``); `con` is
     unused here (kept for the callers' signature). Memory: one batch plus the
-    tables. ``decode_threads=False`` decodes on one thread (when several shards
-    are mapped at once, pyarrow's pool would only oversubscribe the cores).
+    tables. ``decode_threads=False`` decodes on one thread (when the map's own
+    threads fill the cores, :func:`pool_decodes`, pyarrow's pool would only
+    oversubscribe them).
     ``small``: the numpy pass of small runs (``topk_small``), same tables, no numba.
     ``advance(rows)``, when given, is called after each batch (the bar);
     ``first``: this shard's batches, already being read (:func:`start_map_read`);
@@ -536,10 +552,11 @@ def _map_topk_shards(
 
     if workers == 1:
         metas = {}
+        threads = pool_decodes(1)
         for i, (_, shard, part_dir) in enumerate(todo):
             metas[part_dir] = _map_topk_one(
-                shard, part_dir, fine_bins, True, kept, small, advance, first if i == 0 else None,
-                scores,
+                shard, part_dir, fine_bins, threads, kept, small, advance,
+                first if i == 0 else None, scores,
             )  # fmt: skip
         return metas
     from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
