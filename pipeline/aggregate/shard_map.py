@@ -96,14 +96,15 @@ class FirstRead:
         self.batches.close()
 
 
-def pool_decodes(shards_at_once: int) -> bool:
-    """Whether pyarrow's thread pool decodes a shard's batches, rather than
-    the one thread that reads them: only where the cores outnumber the threads
-    the map keeps busy already, a decoding thread and a kernel per shard. On
-    two cores, a lone shard's pool took CPU from its kernel: with one thread,
-    whole processes' median time and CPU were 2-8% lower in 6 of 7 interleaved
-    comparisons (docs/performance.md, "How far scheduling can go")."""
-    return (os.cpu_count() or 1) > 2 * shards_at_once
+def pool_decodes() -> bool:
+    """Whether pyarrow's thread pool decodes a lone shard's batches, rather
+    than the one thread that reads them: only where the cores outnumber the
+    two threads the map keeps busy already (that one and the kernel's). On
+    two cores the pool took CPU from the kernel: with one thread, whole
+    processes' median time and CPU were 2-8% lower in 6 of 7 interleaved
+    comparisons (docs/performance.md, "How far scheduling can go"). Several
+    shards at once always decode on their own threads."""
+    return (os.cpu_count() or 1) > 2
 
 
 def start_map_read(runs: list[Run], memory_limit_bytes: int, *, with_scores: bool = False):
@@ -126,7 +127,7 @@ def start_map_read(runs: list[Run], memory_limit_bytes: int, *, with_scores: boo
     lone = sum(len(run.shards) for run in runs) == 1
     threads = (
         lone
-        and pool_decodes(1)
+        and pool_decodes()
         and (native_kernels() or "pipeline.aggregate._topk_kernel" in sys.modules)
     )
     batches = _map_batches(shard, threads, with_scores=with_scores)
@@ -152,8 +153,8 @@ def _aggregate_topk_shard(
     check is fed from that pass (``pipeline.aggregate.topk_pass``); `con` is
     unused here (kept for the callers' signature). Memory: one batch plus the
     tables. ``decode_threads=False`` decodes on one thread (when the map's own
-    threads fill the cores, :func:`pool_decodes`, pyarrow's pool would only
-    oversubscribe them).
+    threads fill the cores, pyarrow's pool would only oversubscribe them:
+    :func:`pool_decodes`).
     ``small``: the numpy pass of small runs (``topk_small``), same tables, no numba.
     ``advance(rows)``, when given, is called after each batch (the bar);
     ``first``: this shard's batches, already being read (:func:`start_map_read`);
@@ -552,7 +553,7 @@ def _map_topk_shards(
 
     if workers == 1:
         metas = {}
-        threads = pool_decodes(1)
+        threads = pool_decodes()
         for i, (_, shard, part_dir) in enumerate(todo):
             metas[part_dir] = _map_topk_one(
                 shard, part_dir, fine_bins, threads, kept, small, advance,
