@@ -106,13 +106,42 @@ def test_a_class_table_too_small_for_its_regions_is_refused():
                      np.array([0.5], np.float32), np.zeros(1, np.int64), np.zeros(1, np.int32),
                      np.zeros(1), np.zeros(1, np.float32))  # fmt: skip
     args = (rows, state._rules(), state._sums(), state._entry_buffer(2), state._documents())
+    low = np.zeros((1, 2, 4), np.int64)  # bin 1 alone in the low rows: bin 5 goes to the table
     small = ClassTable(np.zeros((4, 4), np.int64), np.zeros(1, np.int64), 3)  # 8 slots needed
     with pytest.raises(ValueError, match="wrong sizes"):
-        _topk_native.batch(0, *args, small)
+        _topk_native.batch(0, *args, small, low=low)
     fits = ClassTable(np.zeros((8, 4), np.int64), np.zeros(1, np.int64), 3)
     fits.slots[:, 0] = np.iinfo(np.int64).min
-    assert _topk_native.batch(0, *args, fits) == (0, -1)
+    assert _topk_native.batch(0, *args, fits, low=low) == (0, -1)
     assert fits.counts[0] == 2 and fits.slots[:, 1].sum() == 2  # (0, bin 5), (1, bin 5)
+    assert not low.any()
+
+
+def test_low_rows_of_the_wrong_size_or_layout_are_refused():
+    """batch() sums the low bins in `low`, (low_bins, K, 4) int64, C-contiguous:
+    one too small for K classes, or a strided view (whose sums a copy would
+    lose), is refused before anything is summed."""
+    from pipeline.aggregate import _topk_native, topk_pass
+    from pipeline.aggregate.topk_format import BatchRows
+
+    state = topk_pass.TopkShardPass(vocab_size=2, fine_bins=10)
+    assert state._low.shape == (10, 2, 4)  # every bin of F = 10 in the low rows
+    rows = BatchRows(np.array([0, 1], np.int32), np.array([0.5, 0.5], np.float32),
+                     np.array([0, 2], np.int64), np.zeros(1, np.int32), np.zeros(1, np.int32),
+                     np.array([0.5], np.float32), np.zeros(1, np.int64), np.zeros(1, np.int32),
+                     np.zeros(1), np.zeros(1, np.float32))  # fmt: skip
+    args = (rows, state._rules(), state._sums(), state._entry_buffer(2), state._documents())
+    with pytest.raises(ValueError, match="wrong sizes"):  # 1 class of 2
+        _topk_native.batch(0, *args, low=np.zeros((10, 1, 4), np.int64))
+    with pytest.raises(ValueError, match="wrong sizes"):  # low_bins above F
+        _topk_native.batch(0, *args, low=np.zeros((11, 2, 4), np.int64))
+    with pytest.raises(TypeError, match="low bins: expected a C-contiguous writable"):
+        _topk_native.batch(0, *args, low=state._low[:, :1])
+    assert not state._low.any() and not state.label_count.any()
+    assert _topk_native.batch(0, *args, low=state._low) == (0, -1)
+    # both entries in bin 5 of their class's low rows, the label's a hit
+    assert state._low[4, :, 0].tolist() == [1, 1] and state._low[4, :, 1].tolist() == [1, 0]
+    assert state._low.view(np.float64)[4, :, 2].tolist() == [0.5, 0.5]
 
 
 @pytest.mark.parametrize("abi", [None, 1])

@@ -50,18 +50,25 @@ def shard_tables(run: Path, small: bool, batch_rows: int, monkeypatch) -> list[d
 
 def assert_paths_agree(run: Path, monkeypatch) -> None:
     """The numpy pass, the C kernels (entries inserted straight into the class
-    table, or through the buffer) and numba's: the same tables, bit for bit."""
+    table, or through the buffer; bins 1..1, 3, 16 or all F summed in the low
+    rows) and numba's (bin 1 alone): the same tables, bit for bit."""
     small = shard_tables(run, True, 53, monkeypatch)  # other batch boundaries
-    for kernels, direct_bytes in (("native", 1 << 40), ("native", 0), ("numba", 0)):
+    paths = [("native", 1 << 40, 16), ("native", 0, 16), ("native", 1 << 40, 1),
+             ("native", 0, 3), ("native", 1 << 40, FINE_BINS), ("numba", 0, 16)]  # fmt: skip
+    for kernels, direct_bytes, low_most in paths:
         monkeypatch.setenv("FULLECE_KERNELS", kernels)
         monkeypatch.setattr(topk_pass, "DIRECT_TABLE_BYTES", direct_bytes)
+        monkeypatch.setattr(topk_pass, "LOW_BINS_MOST", low_most)
+        monkeypatch.setattr(topk_pass, "LOW_ROWS_BYTES", 1 << 40)
         kernel = shard_tables(run, False, 37, monkeypatch)
         assert len(kernel) == len(small) > 0
         for i, (got, want) in enumerate(zip(small, kernel, strict=True)):
             assert got.keys() == want.keys()
             for name in want:
                 assert_columns_identical(
-                    got[name], want[name], f"{kernels} ({direct_bytes}) shard {i} {name}"
+                    got[name],
+                    want[name],
+                    f"{kernels} ({direct_bytes}, low {low_most}) shard {i} {name}",
                 )
         assert len(want["class_bins"]["bin"]) and len(want["seq_bins"]["bin"])
 

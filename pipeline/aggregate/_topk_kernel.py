@@ -18,6 +18,9 @@ from pipeline.aggregate.topk_format import (
     CURRENT_OPEN,
     EMPTY,
     LABEL_HITS,
+    LOW_HITS,
+    LOW_N,
+    LOW_P_SUM,
     MISSING_LABELS,
     SEQ_CONF_SUM,
     SEQ_CORRECT,
@@ -301,18 +304,24 @@ def batch(start, rows, rules, sums, buffer, documents):
 
 
 @_njit
-def class_table(slots, bin1_n, bin1_hits, bin1_p, order, vocab, fine_bins):
-    """The shard's class_bins columns in (class, bin) order: the class table's
-    used slots plus, per class with bin1_n[c] != 0, its bin-1 row from the
-    dense vectors; and the class mass (sum of p_sum) per class. Two counting
-    sorts (the slots by bin into `order`, a scratch of at least as many int64
-    as used slots; then stably by class into the outputs), each output written
-    once at its final size."""
+def class_table(slots, low, tail_n, order, vocab, fine_bins):
+    """The shard's class_bins columns in (class, bin) order: per class, its low
+    rows with n != 0 (`low`: (low_bins, K, LOW_WIDTH), bins 1..low_bins;
+    tail_n[c] added to bin 1's n), then the class table's used slots (bins
+    above); and the class mass (sum of p_sum) per class, added in bin order.
+    Two counting sorts (the slots by bin into `order`, a scratch of at least as
+    many int64 as used slots; then stably by class into the outputs), each
+    output written once at its final size."""
+    low_bins = low.shape[0]
+    low_f = low.view(np.float64)
     per_class = np.zeros(vocab + 1, np.int64)
     per_bin = np.zeros(fine_bins + 2, np.int64)
     for c in range(vocab):
-        if bin1_n[c] != 0:
+        if low[0, c, LOW_N] + tail_n[c] != 0:
             per_class[c + 1] += 1
+        for b in range(2, low_bins + 1):
+            if low[b - 1, c, LOW_N] != 0:
+                per_class[c + 1] += 1
     for s in range(slots.shape[0]):
         key = slots[s, CLASS_KEY]
         if key != EMPTY:
@@ -336,16 +345,18 @@ def class_table(slots, bin1_n, bin1_hits, bin1_p, order, vocab, fine_bins):
     hits = np.empty(rows, np.int64)
     p_mass = np.zeros(vocab, np.float64)
     floats = slots.view(np.float64)
-    for c in range(vocab):  # bin 1 first: table rows hold bins >= 2
-        if bin1_n[c] != 0:
-            r = per_class[c]
-            per_class[c] = r + 1
-            ids[r] = c
-            bins[r] = 1
-            n[r] = bin1_n[c]
-            p_sum[r] = bin1_p[c]
-            hits[r] = bin1_hits[c]
-            p_mass[c] += bin1_p[c]
+    for c in range(vocab):  # the low rows first: table rows hold the bins above
+        for b in range(1, low_bins + 1):
+            count = low[b - 1, c, LOW_N] + (tail_n[c] if b == 1 else 0)
+            if count != 0:
+                r = per_class[c]
+                per_class[c] = r + 1
+                ids[r] = c
+                bins[r] = b
+                n[r] = count
+                p_sum[r] = low_f[b - 1, c, LOW_P_SUM]
+                hits[r] = low[b - 1, c, LOW_HITS]
+                p_mass[c] += low_f[b - 1, c, LOW_P_SUM]
     for t in range(per_bin[fine_bins + 1]):
         s = order[t]
         key = slots[s, CLASS_KEY]

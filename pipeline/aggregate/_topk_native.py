@@ -11,7 +11,7 @@ from pipeline.aggregate import topk_format as fmt
 from pipeline.core import _native
 
 # _native.c's NATIVE_ABI: the kernels' arguments these wrappers pass
-ABI = 2
+ABI = 3
 _LAYOUT = {name: int(getattr(fmt, name)) for name in _native.LAYOUT if hasattr(fmt, name)}
 _LAYOUT.update({code.name: int(code) for code in fmt.KernelCode})
 # a stale build (another layout, other arguments): never run it
@@ -26,18 +26,23 @@ def _as(values, dtype) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=dtype)
 
 
-# batch() can insert into the class table itself (numba's always buffers), and
-# add the rows' Σ_i q_im² from its own pass (numba's leaves it to the floors' kernel)
+# batch() can insert into the class table itself (numba's always buffers), sum
+# bins above 1 in the low rows (numba's: bin 1 alone), and add the rows' Σ_i q_im²
+# from its own pass (numba's leaves it to the floors' kernel)
 DIRECT_INSERT = True
+LOW_BINS = True
 FOLDS_MASS_SQ = True
 _NO_TABLE = np.zeros(0, np.int64)
 _NO_MASS_SQ = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64))
 
 
-def batch(start, rows, rules, sums, buffer, documents, table=None, mass_sq=None):
+def batch(start, rows, rules, sums, buffer, documents, table=None, mass_sq=None, *, low):
     """_topk_kernel.batch: fold rows start.. of a `BatchRows` in; (code, row).
-    `table` (a ``ClassTable``): entries above bin 1 go straight into it, not
-    into the buffer (KernelCode.GROW_CLASSES: grow it, then call again).
+    `low`: the low rows, (low_bins, K, LOW_WIDTH) int64, C-contiguous (`sums`'
+    bin-1 vectors are views of low[0]): an entry in bins 1..low_bins is summed there, the
+    others go to the class table (numba's batch: low_bins = 1).
+    `table` (a ``ClassTable``): entries above the low bins go straight into it,
+    not into the buffer (KernelCode.GROW_CLASSES: grow it, then call again).
     `mass_sq` (a ``floors.MassSqRows``): each row folded is added to it too,
     its tail mass in fine bin 1 (as ``MassSqRows.add(offsets, probs,
     tail_mass)`` adds it: the same bits)."""
@@ -45,13 +50,13 @@ def batch(start, rows, rules, sums, buffer, documents, table=None, mass_sq=None)
     grids, source, out = _NO_MASS_SQ if mass_sq is None else mass_sq.kernel_arrays()
     return _native.batch(
         int(start), int(rules.vocab), int(rules.fine_bins), float(rules.threshold),
-        int(rules.doc_limit), int(bits),
+        int(rules.doc_limit), int(bits), int(low.shape[0]),
         _as(rows.ids, np.int32), _as(rows.probs, np.float32), _as(rows.offsets, np.int64),
         _as(rows.label, np.int32), _as(rows.top1_id, np.int32),
         _as(rows.top1_prob, np.float32), _as(rows.doc_id, np.int64),
         _as(rows.tail_count, np.int32), _as(rows.tail_mass, np.float64),
         _as(rows.tail_max, np.float32),
-        sums.bin1_n, sums.bin1_p_sum, sums.bin1_hits, sums.label_count, sums.top1_count,
+        low, sums.label_count, sums.top1_count,
         sums.top1_counts, sums.top1_conf, sums.totals, sums.largest_tail,
         *buffer, *documents, slots.reshape(-1), counts, grids, source, out.reshape(-1),
     )  # fmt: skip
@@ -77,14 +82,16 @@ def rehash_regions(slots, bigger, counts, parts, region_bits):
     _native.rehash_regions(slots, bigger, counts, int(parts), int(region_bits))
 
 
-def class_table(slots, bin1_n, bin1_hits, bin1_p, order, vocab, fine_bins):
+def class_table(slots, low, tail_n, order, vocab, fine_bins):
     """_topk_kernel.class_table: (ids, bins, n, p_sum, hits, p_mass)."""
     used = int(np.count_nonzero(slots[:, fmt.CLASS_KEY] != fmt.EMPTY))
-    rows = used + int(np.count_nonzero(bin1_n))
+    low_n = low[:, :, fmt.LOW_N]
+    rows = used + int(np.count_nonzero(low_n[1:])) + int(np.count_nonzero(low_n[0] + tail_n))
     ids, bins = np.empty(rows, np.int32), np.empty(rows, np.int32)
     n, p_sum, hits = np.empty(rows, np.int64), np.empty(rows, np.float64), np.empty(rows, np.int64)
     p_mass = np.zeros(int(vocab), np.float64)
     _native.class_table(
-        slots, bin1_n, bin1_hits, bin1_p, order, int(fine_bins), ids, bins, n, p_sum, hits, p_mass
-    )
+        slots, low, _as(tail_n, np.int64), order, int(low.shape[0]), int(fine_bins),
+        ids, bins, n, p_sum, hits, p_mass,
+    )  # fmt: skip
     return ids, bins, n, p_sum, hits, p_mass

@@ -45,6 +45,11 @@ EMPTY = int(np.iinfo(np.int64).min)  # the key of a free class-table slot
 CLASS_KEY, CLASS_N, CLASS_HITS, CLASS_P_SUM = 0, 1, 2, 3
 CLASS_WIDTH = 4
 
+# A low row (int64; p_sum through a float64 view): a class's sums in one of the
+# bins 1..low_bins, kept dense (per class, per bin) instead of in the class table.
+LOW_N, LOW_HITS, LOW_P_SUM = 0, 1, 2
+LOW_WIDTH = 4  # 32 bytes: a row never straddles a cache line
+
 # A seq row, and the current document's row per bin (int64; p_sum and
 # conf_sum through a float64 view; 64 bytes: one cache line per bin):
 # key = doc_id * (F + 1) + bin; `marked` (the document's rows only) lists the

@@ -5,9 +5,11 @@ list buffers are used in place) and walked once by a compiled kernel (numba)
 that, per kept entry (class c, probability p of record, float32):
 
 * bins it with the one rule, ``max(ceil(float64(p) * F), 1)``; ``p <= t``
-  with ``t = bin1_threshold(F)`` is exactly bin 1, so bin-1 entries (most of a
-  real model's kept pairs) go to dense per-class vectors, with no grouping;
-* buffers entries above bin 1, orders the buffer by class partition and sums
+  with ``t = bin1_threshold(F)`` is exactly bin 1, so bin-1 entries go to
+  dense per-class rows, with no grouping (with the C kernels, so do entries
+  in the next few bins: ``low_bins``, where most of a real model's kept
+  entries fall);
+* buffers the other entries, orders the buffer by class partition and sums
   each partition into its own region of an open-addressing hash table keyed
   by (class, bin) (class_bins): a region fits the core's L2 cache, so the
   grouping probes cache, not memory; a class's kept mass (tokens) is read
@@ -70,11 +72,26 @@ _CLASSES_PER_PARTITION = 512  # a region then holds ~ all its classes' bins in L
 # Measured in docs/performance.md ("Entries straight into the class table").
 DIRECT_TABLE_BYTES = 8 << 20
 _INITIAL_REGION_BITS = 10
+# With the C kernels, a class's entries in bins 1..low_bins are summed in dense
+# low rows (LOW_WIDTH int64 per class and bin), not the class table: a real
+# model's kept entries above bin 1 mostly fall in the next few bins, where a row
+# costs one cache line and the table a hash, a probe and, past the core's cache,
+# a miss (measured in docs/performance.md, "Low bins in dense rows"). As many
+# bins as fit LOW_ROWS_BYTES, at most LOW_BINS_MOST; pages never written cost
+# address space only.
+LOW_ROWS_BYTES = 8 << 20
+LOW_BINS_MOST = 16
 # last shard's table sizes: the next shard of this process starts there (no regrowth)
 _capacity_hint = {"class_region_bits": _INITIAL_REGION_BITS, "seq": _INITIAL_SEQ_ROWS}
 
 _DOC_LIMIT = 1 << 62  # doc_id * (F + 1) + bin must fit an int64
 _NO_ENTRIES, _NO_PROBS = np.zeros(0, np.int64), np.zeros(0, np.float32)
+
+
+def low_bins(vocab: int, fine_bins: int) -> int:
+    """The bins summed in dense low rows with the C kernels (1..this)."""
+    fit = LOW_ROWS_BYTES // (max(1, vocab) * fmt.LOW_WIDTH * 8)
+    return int(max(1, min(fine_bins, LOW_BINS_MOST, fit)))
 
 
 def _kernels():
@@ -226,7 +243,8 @@ class TopkShardPass:
         # class partitions: a power of two, ~_CLASSES_PER_PARTITION classes each
         self._parts = 1 << max(0, int(np.ceil(np.log2(max(1, k / _CLASSES_PER_PARTITION)))))
         self._region_bits = _capacity_hint["class_region_bits"]
-        self._dense_sums()
+        kernels = _kernels()
+        self._dense_sums(low_bins(k, f) if getattr(kernels, "LOW_BINS", False) else 1)
         # (class, bin) -> n, hits, p_sum, one region per class partition;
         # (doc, bin) -> n, hits, top1_n, correct, p_sum, conf
         scratch = _take_scratch()
@@ -235,7 +253,7 @@ class TopkShardPass:
         )
         self._region_counts = np.zeros(self._parts, np.int64)
         # whether the kernels can insert straight into the table (the C ones)
-        self._direct_insert = getattr(_kernels(), "DIRECT_INSERT", False)
+        self._direct_insert = getattr(kernels, "DIRECT_INSERT", False)
         # per document and bin, a seq row (topk_format.SEQ_*), stored as columns:
         # they become seq_bins' columns as they are (never reused, not cleared:
         # rows past _seq_n are never read, and pages never written cost nothing)
@@ -253,17 +271,19 @@ class TopkShardPass:
         self._touched = np.zeros(f + 2, np.int64)
         self._current = np.zeros(2, np.int64)
 
-    def _dense_sums(self) -> None:
+    def _dense_sums(self, low_bins: int = 1) -> None:
         """The state of size O(K + F): per class, per top-1 bin, shard totals."""
         k, f = self.vocab_size, self.fine_bins
         self._threshold = bin1_threshold(f)
-        # a class's bin-1 sums share one 32-byte row (one cache line per bin-1
-        # entry; entries above bin 1 touch no per-class row: their class sums
-        # come from the class table at the end); attributes are column views
-        self._per_class = np.zeros((k, 4), np.int64)
-        self.bin1_n = self._per_class[:, 0]
-        self.bin1_hits = self._per_class[:, 1]
-        self.bin1_p_sum = self._per_class.view(np.float64)[:, 2]
+        # a class's sums in each low bin (1..low_bins) share one 32-byte row (one
+        # cache line per entry there; entries above touch no per-class row: their
+        # class sums come from the class table at the end), bin-major: bin 1's
+        # rows (most entries on some data) as dense as the others' rows can leave
+        # them; bin1_* are column views
+        self._low = np.zeros((low_bins, k, fmt.LOW_WIDTH), np.int64)
+        self.bin1_n = self._low[0, :, fmt.LOW_N]
+        self.bin1_hits = self._low[0, :, fmt.LOW_HITS]
+        self.bin1_p_sum = self._low.view(np.float64)[0, :, fmt.LOW_P_SUM]
         self.label_count = np.zeros(k, np.int64)
         self.top1_count = np.zeros(k, np.int64)
         # per top-1 bin: TOP1_N, TOP1_CORRECT
@@ -324,6 +344,8 @@ class TopkShardPass:
 
             mass_sq = MassSqRows(floor_bins_of(self.fine_bins), self.fine_bins)
         folds = {} if mass_sq is None else {"mass_sq": mass_sq}
+        if getattr(kernels, "LOW_BINS", False):
+            folds["low"] = self._low
         row = 0
         while True:
             # the seq rows and the class table may have grown since the last call
@@ -478,13 +500,7 @@ class TopkShardPass:
         if order is None or order.size < used:
             order = np.empty(used, np.int64)
         c_ids, c_bins, c_n, c_p, c_hits, p_mass = kernels.class_table(
-            self._class,
-            self.bin1_n + self.class_tail_n,
-            self.bin1_hits,
-            self.bin1_p_sum,
-            order,
-            self.vocab_size,
-            self.fine_bins,
+            self._class, self._low, self.class_tail_n, order, self.vocab_size, self.fine_bins
         )
         seq_bins = _seq_bins(self._seq_rows[:, : int(self._seq_n[0])], stride)
         _give_scratch({"class": self._class, "buffer": self._buffer})
