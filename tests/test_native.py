@@ -165,3 +165,19 @@ def test_a_build_of_other_kernel_arguments_is_refused(monkeypatch, abi):
     spec = importlib.util.spec_from_file_location("stale_wrappers", wrappers.__file__)
     with pytest.raises(ImportError, match="another version of its source.*reinstall"):
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def test_low_bins_fill_8_mb_at_most_16_and_numba_keeps_bin_1_alone(monkeypatch):
+    """The low rows' size as docs/design.md states it: as many bins as fit
+    8 MB of rows, at most 16 and at most F; numba's kernels sum bin 1 alone
+    there (their batch puts the bins above in the class table)."""
+    from pipeline.aggregate import topk_pass
+
+    assert [topk_pass.low_bins(k, 1000) for k in (2, 4096, 32_000, 128_000, 10**7)] == [
+        16, 16, 8, 2, 1,
+    ]  # fmt: skip
+    assert topk_pass.low_bins(2, 10) == 10
+    for kernels, bins in (("native", 8), ("numba", 1)):
+        monkeypatch.setenv("FULLECE_KERNELS", kernels)
+        state = topk_pass.TopkShardPass(vocab_size=32_000, fine_bins=1000)
+        assert state._low.shape == (bins, 32_000, 4) and state._low.flags.c_contiguous
