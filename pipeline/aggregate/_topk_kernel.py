@@ -317,10 +317,8 @@ def class_table(slots, low, tail_n, order, vocab, fine_bins):
     per_class = np.zeros(vocab + 1, np.int64)
     per_bin = np.zeros(fine_bins + 2, np.int64)
     for c in range(vocab):
-        if low[0, c, LOW_N] + tail_n[c] != 0:
-            per_class[c + 1] += 1
-        for b in range(2, low_bins + 1):
-            if low[b - 1, c, LOW_N] != 0:
+        for b in range(1, low_bins + 1):
+            if low[b - 1, c, LOW_N] + (tail_n[c] if b == 1 else 0) != 0:
                 per_class[c + 1] += 1
     for s in range(slots.shape[0]):
         key = slots[s, CLASS_KEY]

@@ -3,8 +3,10 @@
  * The same loops as the numba kernels (pipeline/aggregate/_topk_kernel.py,
  * pipeline/core/_floors_kernel.py, pipeline/core/_group_kernel.py), statement
  * for statement, so the same sums in the same order: the same bits (the tests
- * run both on the same inputs). Two departures, the same results: the top-k
- * map's batch can add its rows' Σ_i q_im² (the floors kernel's per-row code,
+ * run both on the same inputs). Departures, the same results: the top-k map's
+ * batch can sum the bins just above bin 1 in dense low rows and insert the
+ * others straight into the class table, where numba's buffers every entry above
+ * bin 1; it can add its rows' Σ_i q_im² (the floors kernel's per-row code,
  * shared here) from its own pass, where numba's map leaves that to the floors
  * kernel; and a document's flush reads many touched bins' marks in bin order
  * where numba's sorts them. Built at install when a C compiler is there;
@@ -310,6 +312,26 @@ mass_sq_end_row(MassSq *m, double low)
 
 /* ---- the top-k map: class table, seq rows -------------------------------- */
 
+/* The low rows (batch's `low`, n int64 of them): 0 if they hold bins
+ * 1..low_bins (<= fine_bins) of at least `vocab` classes, bin-major; their
+ * classes in *classes */
+static int
+low_rows_invalid(int64_t n, int64_t low_bins, int64_t fine_bins, int64_t vocab, int64_t *classes)
+{
+    *classes = low_bins > 0 ? n / LOW_WIDTH / low_bins : 0;
+    return low_bins < 1 || low_bins > fine_bins || *classes < vocab
+           || *classes * LOW_WIDTH * low_bins != n;
+}
+
+/* an entry into low row `at` (its first int64) */
+static inline void
+low_add(int64_t *low, int64_t at, int64_t hit, double v)
+{
+    low[at + LOW_N] += 1;
+    low[at + LOW_HITS] += hit;
+    ((double *)low)[at + LOW_P_SUM] += v;
+}
+
 static inline int64_t
 hash_of(int64_t key, int64_t mask)
 {
@@ -424,7 +446,7 @@ static const Spec BATCH_SPEC[] = {
  * (bin 1 was always dense; a real model's kept entries above it mostly fall in the
  * next few bins, where the table's hash and probe cost more than the row). Each
  * (class, bin) is still summed in the entries' order, in one place: the same bits.
- * With region_bits >= 0, each entry above bin 1 goes straight into its region of
+ * With region_bits >= 0, each entry above the low bins goes straight into its region of
  * the class table (as insert would put it there, entries in the same order: the
  * same sums) instead of the buffer: while the table fits the cache, buffering
  * and partitioning cost more than they save. A row starts only when every
@@ -479,8 +501,7 @@ py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int64_t *region_counts = (int64_t *)a[B_REGION_COUNTS].ptr;
     double *doc_f = (double *)doc;
     int64_t *low = (int64_t *)a[B_LOW].ptr;
-    double *low_f = (double *)low;
-    int64_t low_classes = low_bins > 0 ? a[B_LOW].n / LOW_WIDTH / low_bins : 0;
+    int64_t low_classes;
     int64_t n_rows = a[B_LABEL].n, seq_capacity = a[B_SEQ_ROWS].n / SEQ_WIDTH;
     int64_t buf_size = a[B_BUF_KEYS].n;
     uint64_t pmask = (uint64_t)(a[B_PART_COUNTS].n - 1);
@@ -493,9 +514,8 @@ py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (a[B_OFFSETS].n != n_rows + 1 || a[B_TOP1_ID].n < n_rows || a[B_TOP1_PROB].n < n_rows
         || a[B_DOC_ID].n < n_rows || a[B_TAIL_COUNT].n < n_rows || a[B_TAIL_MASS].n < n_rows
         || a[B_TAIL_MAX].n < n_rows || a[B_PROBS].n < a[B_IDS].n
-        || (n_rows > start && offsets[n_rows] > a[B_IDS].n) || low_bins < 1
-        || low_bins > fine_bins || low_classes < vocab
-        || low_classes * LOW_WIDTH * low_bins != a[B_LOW].n
+        || (n_rows > start && offsets[n_rows] > a[B_IDS].n)
+        || low_rows_invalid(a[B_LOW].n, low_bins, fine_bins, vocab, &low_classes)
         || a[B_LABEL_COUNT].n < vocab
         || a[B_TOP1_COUNT].n < vocab || a[B_TOP1_COUNTS].n < 2 * stride
         || a[B_TOP1_CONF].n < stride || a[B_TOTALS].n < 3 || a[B_BUF_PROBS].n < buf_size
@@ -564,20 +584,14 @@ py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             int64_t hit = c == label ? 1 : 0;
             hits += hit;
             if (v64 <= threshold) {
-                int64_t r = c * LOW_WIDTH;
-                low[r + LOW_N] += 1;
-                low_f[r + LOW_P_SUM] += v64;
-                low[r + LOW_HITS] += hit;
+                low_add(low, c * LOW_WIDTH, hit, v64);
                 n1 += 1;
                 p1 += v64;
                 h1 += hit;
             } else {
                 uint64_t b = (uint64_t)ceil_index(v64 * bins_f);
                 if ((int64_t)b <= low_bins) {
-                    int64_t r = (((int64_t)b - 1) * low_classes + c) * LOW_WIDTH;
-                    low[r + LOW_N] += 1;
-                    low[r + LOW_HITS] += hit;
-                    low_f[r + LOW_P_SUM] += v64;
+                    low_add(low, (((int64_t)b - 1) * low_classes + c) * LOW_WIDTH, hit, v64);
                 } else if (direct) { /* insert's probe, in the entry's region */
                     int64_t key = (c << 32) | (int64_t)b;
                     uint64_t q = (uint64_t)c & pmask, base = q << region_bits;
@@ -866,9 +880,9 @@ py_class_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     int64_t vocab = a[9].n, n_slots = a[0].n / CLASS_WIDTH;
     int64_t out_rows = a[4].n;
-    int64_t low_classes = low_bins > 0 ? a[1].n / LOW_WIDTH / low_bins : 0;
-    if (fine_bins < 1 || low_bins < 1 || low_bins > fine_bins || low_classes < vocab
-        || low_classes * LOW_WIDTH * low_bins != a[1].n || a[2].n < vocab || a[5].n != out_rows
+    int64_t low_classes;
+    if (fine_bins < 1 || low_rows_invalid(a[1].n, low_bins, fine_bins, vocab, &low_classes)
+        || a[2].n < vocab || a[5].n != out_rows
         || a[6].n != out_rows || a[7].n != out_rows || a[8].n != out_rows) {
         arr_release(a, 10);
         PyErr_SetString(PyExc_ValueError, "class_table: arrays of the wrong sizes");
@@ -893,11 +907,11 @@ py_class_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int64_t rows = -1;
     Py_BEGIN_ALLOW_THREADS
     int64_t used = 0;
-    for (int64_t c = 0; c < vocab; c++) {
-        per_class[c + 1] += low[c * LOW_WIDTH + LOW_N] + tail_n[c] != 0;
-        for (int64_t b = 2; b <= low_bins; b++)
-            per_class[c + 1] += low[((b - 1) * low_classes + c) * LOW_WIDTH + LOW_N] != 0;
-    }
+    for (int64_t c = 0; c < vocab; c++)
+        for (int64_t b = 1; b <= low_bins; b++)
+            per_class[c + 1] += low[((b - 1) * low_classes + c) * LOW_WIDTH + LOW_N]
+                                    + (b == 1 ? tail_n[c] : 0)
+                                != 0;
     for (int64_t s = 0; s < n_slots; s++) {
         int64_t key = slots[s * CLASS_WIDTH + CLASS_KEY];
         if (key != EMPTY) {
