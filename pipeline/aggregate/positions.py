@@ -35,7 +35,7 @@ from pipeline.core.metrics import (
     tail_sum_sq_bounds,
 )
 
-BATCH_ROWS = 16_384  # the map's batches (topk_pass.BATCH_ROWS), so it hands them over
+BATCH_ROWS = 4_096  # the map's batches (topk_pass.BATCH_ROWS), so it hands them over
 _COLUMNS = (
     "label",
     "label_prob",

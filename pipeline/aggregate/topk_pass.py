@@ -52,11 +52,13 @@ from pipeline.core.binning import bin1_threshold
 from pipeline.core.tables import SparseBins
 from pipeline.errors import FulleceError
 
-# positions decoded at a time: extract's row groups (64 kept each: 1M entries, ~8 MB).
-# Measured against 65,536, whole processes with the C kernels: ckpt-000800 1.22 ->
-# 0.89 s median, peak RSS 0.6 -> 0.5 GB, the K = 32,000 realistic run 1.35 -> 1.25 s,
-# 0.87 -> 0.69 GB (fewer fresh pages to fault in; docs/performance.md)
-BATCH_ROWS = 16_384
+# positions decoded at a time: a quarter of extract's row groups (64 kept each: 262k
+# entries, ~2 MB). Smaller batches decode in cache and into pages the last batch
+# freed: on the real runs, one fresh process decoding and folding every batch on
+# one thread, 16,384 -> 4,096 took CPU 0.79-1.09 -> 0.66-0.67 s (ckpt-000800) and
+# 0.47-0.76 -> 0.41 s (real32k); 65,536 -> 16,384 had cut peak RSS 0.6 -> 0.5 GB
+# (docs/performance.md)
+BATCH_ROWS = 4_096
 _INITIAL_SEQ_ROWS = 1 << 16  # grown by doubling
 # A shard of known rows starts with room for this many seq rows a position (real
 # runs make ~2.5: documents x bins); unwritten rows cost address space only (a
