@@ -173,10 +173,10 @@ ceil_index(double x)
  * bin 1 enter one by one (mass_sq_entry), then the row ends with its bin-1 mass
  * (mass_sq_end_row). The same sums in the same order either way: the same bits. */
 typedef struct {
-    int64_t n_grids, out_width, width, words, stride, row, h;
+    int64_t n_grids, out_width, width, words, stride;
     const int64_t *source;
     double *out, *fine_sum, *group_q;
-    int64_t *seen_in_row, *touched, *group_bin, *count, *coarse_of;
+    int64_t *touched, *group_bin, *count, *coarse_of;
     uint64_t *seen_bits;
 } MassSq;
 
@@ -200,7 +200,7 @@ mass_sq_invalid(int64_t fine_bins, const int64_t *grids, int64_t n_grids, const 
 static void
 mass_sq_close(MassSq *m)
 {
-    free(m->fine_sum); free(m->seen_in_row); free(m->seen_bits); free(m->touched);
+    free(m->fine_sum); free(m->seen_bits); free(m->touched);
     free(m->group_bin); free(m->group_q); free(m->count); free(m->coarse_of);
     memset(m, 0, sizeof(*m));
 }
@@ -225,20 +225,17 @@ mass_sq_open(MassSq *m, int64_t fine_bins, const int64_t *grids, const int64_t *
     m->width = longest + 1 < m->stride ? longest + 1 : m->stride;
     m->words = (fine_bins >> 6) + 1;
     m->fine_sum = (double *)calloc((size_t)m->stride, sizeof(double));
-    m->seen_in_row = (int64_t *)malloc((size_t)m->stride * sizeof(int64_t));
     m->seen_bits = (uint64_t *)calloc((size_t)m->words, sizeof(uint64_t));
     m->touched = (int64_t *)malloc((size_t)m->width * sizeof(int64_t));
     m->group_bin = (int64_t *)malloc((size_t)(n_grids * m->width) * sizeof(int64_t));
     m->group_q = (double *)malloc((size_t)(n_grids * m->width) * sizeof(double));
     m->count = (int64_t *)calloc((size_t)n_grids, sizeof(int64_t));
     m->coarse_of = (int64_t *)calloc((size_t)(n_grids * m->stride), sizeof(int64_t));
-    if (!m->fine_sum || !m->seen_in_row || !m->seen_bits || !m->touched || !m->group_bin
+    if (!m->fine_sum || !m->seen_bits || !m->touched || !m->group_bin
         || !m->group_q || !m->count || !m->coarse_of) {
         mass_sq_close(m);
         return -1;
     }
-    for (int64_t b = 0; b <= fine_bins; b++)
-        m->seen_in_row[b] = -1;
     /* the bin of grid g holding bin b of its source grid: looked up, not divided */
     for (int64_t g = 1; g < n_grids; g++) {
         int64_t ratio = grids[source[g]] / grids[g];
@@ -252,39 +249,36 @@ mass_sq_open(MassSq *m, int64_t fine_bins, const int64_t *grids, const int64_t *
 static inline void
 mass_sq_entry(MassSq *m, int64_t level, double v)
 {
-    if (m->seen_in_row[level] != m->row) { /* a new fine bin: its sum starts at 0.0 */
-        m->seen_in_row[level] = m->row;
-        m->fine_sum[level] = 0.0;
-        m->seen_bits[level >> 6] |= (uint64_t)1 << (level & 63);
-        m->h += 1;
-    }
+    /* no branch on whether the bin is new to the row: its sum is 0.0 until the
+     * row's first entry there (mass_sq_end_row clears the sums it reads), and
+     * 0.0 + v is what the sum of a new bin started from; the bin is marked */
     m->fine_sum[level] += v;
+    m->seen_bits[level >> 6] |= (uint64_t)1 << (level & 63);
 }
 
 /* the current row ends, `low` its mass in fine bin 1: q_im² into out */
 static void
 mass_sq_end_row(MassSq *m, double low)
 {
-    int64_t h = m->h, width = m->width, stride = m->stride;
+    int64_t h = 0, width = m->width, stride = m->stride;
     int64_t *touched = m->touched, *group_bin = m->group_bin, *count = m->count;
     double *group_q = m->group_q;
-    if (h) { /* the distinct fine bins in ascending order, the bits cleared */
-        int64_t i = 0;
-        for (int64_t w = 0; w < m->words; w++) {
-            uint64_t word = m->seen_bits[w];
-            while (word) {
-                touched[i++] = (w << 6) + (int64_t)__builtin_ctzll(word);
-                word &= word - 1;
-            }
-            m->seen_bits[w] = 0;
+    /* the row's distinct fine bins in ascending order, the bits cleared */
+    for (int64_t w = 0; w < m->words; w++) {
+        uint64_t word = m->seen_bits[w];
+        while (word) {
+            touched[h++] = (w << 6) + (int64_t)__builtin_ctzll(word);
+            word &= word - 1;
         }
+        m->seen_bits[w] = 0;
     }
     group_bin[0] = 1; /* grid 0 (F): bin 1 holds the low mass, then a group per fine bin */
     group_q[0] = low;
-    for (int64_t i = 0; i < h; i++) {
+    for (int64_t i = 0; i < h; i++) { /* each bin's sum read, and cleared for the next row */
         int64_t level = touched[i];
         group_bin[i + 1] = level;
         group_q[i + 1] = m->fine_sum[level];
+        m->fine_sum[level] = 0.0;
     }
     count[0] = h + 1;
     for (int64_t g = 1; g < m->n_grids; g++) {
@@ -306,8 +300,6 @@ mass_sq_end_row(MassSq *m, double low)
         }
         count[g] = c;
     }
-    m->h = 0;
-    m->row += 1;
 }
 
 /* ---- the top-k map: class table, seq rows -------------------------------- */
