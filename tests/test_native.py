@@ -106,42 +106,55 @@ def test_a_class_table_too_small_for_its_regions_is_refused():
                      np.array([0.5], np.float32), np.zeros(1, np.int64), np.zeros(1, np.int32),
                      np.zeros(1), np.zeros(1, np.float32))  # fmt: skip
     args = (rows, state._rules(), state._sums(), state._entry_buffer(2), state._documents())
-    low = np.zeros((1, 2, 4), np.int64)  # bin 1 alone in the low rows: bin 5 goes to the table
+    low = np.zeros((1, 2, 2), np.int64)  # bin 1 alone in the low rows: bin 5 goes to the table
+    hits = np.zeros((1, 2), np.int64)
     small = ClassTable(np.zeros((4, 4), np.int64), np.zeros(1, np.int64), 3)  # 8 slots needed
     with pytest.raises(ValueError, match="wrong sizes"):
-        _topk_native.batch(0, *args, small, low=low)
+        _topk_native.batch(0, *args, small, low=low, low_hits=hits)
     fits = ClassTable(np.zeros((8, 4), np.int64), np.zeros(1, np.int64), 3)
     fits.slots[:, 0] = np.iinfo(np.int64).min
-    assert _topk_native.batch(0, *args, fits, low=low) == (0, -1)
+    assert _topk_native.batch(0, *args, fits, low=low, low_hits=hits) == (0, -1)
     assert fits.counts[0] == 2 and fits.slots[:, 1].sum() == 2  # (0, bin 5), (1, bin 5)
-    assert not low.any()
+    assert not low.any() and not hits.any()
 
 
 def test_low_rows_of_the_wrong_size_or_layout_are_refused():
-    """batch() sums the low bins in `low`, (low_bins, K, 4) int64, C-contiguous:
-    one too small for K classes, or a strided view (whose sums a copy would
-    lose), is refused before anything is summed."""
+    """batch() sums the low bins in `low`, (low_bins, K, 2) int64, and their
+    label hits in `low_hits`, (low_bins, K), both C-contiguous: rows or hits
+    too small for K classes, hits of other bins than the rows', or a strided
+    view (whose sums a copy would lose), are refused before anything is summed."""
     from pipeline.aggregate import _topk_native, topk_pass
     from pipeline.aggregate.topk_format import BatchRows
 
     state = topk_pass.TopkShardPass(vocab_size=2, fine_bins=10)
-    assert state._low.shape == (10, 2, 4)  # every bin of F = 10 in the low rows
+    assert state._low.shape == (10, 2, 2)  # every bin of F = 10 in the low rows
+    assert state._low_hits.shape == (10, 2)
     rows = BatchRows(np.array([0, 1], np.int32), np.array([0.5, 0.5], np.float32),
                      np.array([0, 2], np.int64), np.zeros(1, np.int32), np.zeros(1, np.int32),
                      np.array([0.5], np.float32), np.zeros(1, np.int64), np.zeros(1, np.int32),
                      np.zeros(1), np.zeros(1, np.float32))  # fmt: skip
     args = (rows, state._rules(), state._sums(), state._entry_buffer(2), state._documents())
+    hits = state._low_hits
     with pytest.raises(ValueError, match="wrong sizes"):  # 1 class of 2
-        _topk_native.batch(0, *args, low=np.zeros((10, 1, 4), np.int64))
+        _topk_native.batch(
+            0, *args, low=np.zeros((10, 1, 2), np.int64), low_hits=np.zeros((10, 1), np.int64)
+        )
     with pytest.raises(ValueError, match="wrong sizes"):  # low_bins above F
-        _topk_native.batch(0, *args, low=np.zeros((11, 2, 4), np.int64))
+        _topk_native.batch(
+            0, *args, low=np.zeros((11, 2, 2), np.int64), low_hits=np.zeros((11, 2), np.int64)
+        )
+    with pytest.raises(ValueError, match="wrong sizes"):  # hits of 9 bins for 10 bins' rows
+        _topk_native.batch(0, *args, low=state._low, low_hits=np.zeros((9, 2), np.int64))
     with pytest.raises(TypeError, match="low bins: expected a C-contiguous writable"):
-        _topk_native.batch(0, *args, low=state._low[:, :1])
-    assert not state._low.any() and not state.label_count.any()
-    assert _topk_native.batch(0, *args, low=state._low) == (0, -1)
+        _topk_native.batch(0, *args, low=state._low[:, :1], low_hits=hits)
+    with pytest.raises(TypeError, match="low hits: expected a C-contiguous writable"):
+        _topk_native.batch(0, *args, low=state._low, low_hits=np.zeros((10, 4), np.int64)[:, ::2])
+    assert not state._low.any() and not hits.any() and not state.label_count.any()
+    assert _topk_native.batch(0, *args, low=state._low, low_hits=hits) == (0, -1)
     # both entries in bin 5 of their class's low rows, the label's a hit
-    assert state._low[4, :, 0].tolist() == [1, 1] and state._low[4, :, 1].tolist() == [1, 0]
-    assert state._low.view(np.float64)[4, :, 2].tolist() == [0.5, 0.5]
+    assert state._low[4, :, 0].tolist() == [1, 1] and hits[4].tolist() == [1, 0]
+    assert state._low.view(np.float64)[4, :, 1].tolist() == [0.5, 0.5]
+    assert not hits[[0, 1, 2, 3, 5, 6, 7, 8, 9]].any()
 
 
 @pytest.mark.parametrize("abi", [None, 1])
@@ -167,17 +180,18 @@ def test_a_build_of_other_kernel_arguments_is_refused(monkeypatch, abi):
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
-def test_low_bins_fill_8_mb_at_most_16_and_numba_keeps_bin_1_alone(monkeypatch):
+def test_low_bins_fill_16_mb_at_most_32_and_numba_keeps_bin_1_alone(monkeypatch):
     """The low rows' size as docs/design.md states it: as many bins as fit
-    8 MB of rows, at most 16 and at most F; numba's kernels sum bin 1 alone
-    there (their batch puts the bins above in the class table)."""
+    16 MB of 16-byte rows, at most 32 and at most F; numba's kernels sum bin 1
+    alone there (their batch puts the bins above in the class table)."""
     from pipeline.aggregate import topk_pass
 
     assert [topk_pass.low_bins(k, 1000) for k in (2, 4096, 32_000, 128_000, 10**7)] == [
-        16, 16, 8, 2, 1,
+        32, 32, 32, 8, 1,
     ]  # fmt: skip
     assert topk_pass.low_bins(2, 10) == 10
-    for kernels, bins in (("native", 8), ("numba", 1)):
+    for kernels, bins in (("native", 32), ("numba", 1)):
         monkeypatch.setenv("FULLECE_KERNELS", kernels)
         state = topk_pass.TopkShardPass(vocab_size=32_000, fine_bins=1000)
-        assert state._low.shape == (bins, 32_000, 4) and state._low.flags.c_contiguous
+        assert state._low.shape == (bins, 32_000, 2) and state._low.flags.c_contiguous
+        assert state._low_hits.shape == (bins, 32_000) and state._low_hits.flags.c_contiguous

@@ -18,7 +18,6 @@ from pipeline.aggregate.topk_format import (
     CURRENT_OPEN,
     EMPTY,
     LABEL_HITS,
-    LOW_HITS,
     LOW_N,
     LOW_P_SUM,
     MISSING_LABELS,
@@ -304,9 +303,10 @@ def batch(start, rows, rules, sums, buffer, documents):
 
 
 @_njit
-def class_table(slots, low, tail_n, order, vocab, fine_bins):
+def class_table(slots, low, low_hits, tail_n, order, vocab, fine_bins):
     """The shard's class_bins columns in (class, bin) order: per class, its low
-    rows with n != 0 (`low`: (low_bins, K, LOW_WIDTH), bins 1..low_bins;
+    rows with n != 0 (`low`: (low_bins, K, LOW_WIDTH), bins 1..low_bins, their
+    label hits in `low_hits` (low_bins, K);
     tail_n[c] added to bin 1's n), then the class table's used slots (bins
     above); and the class mass (sum of p_sum) per class, added in bin order.
     Two counting sorts (the slots by bin into `order`, a scratch of at least as
@@ -353,7 +353,7 @@ def class_table(slots, low, tail_n, order, vocab, fine_bins):
                 bins[r] = b
                 n[r] = count
                 p_sum[r] = low_f[b - 1, c, LOW_P_SUM]
-                hits[r] = low[b - 1, c, LOW_HITS]
+                hits[r] = low_hits[b - 1, c]
                 p_mass[c] += low_f[b - 1, c, LOW_P_SUM]
     for t in range(per_bin[fine_bins + 1]):
         s = order[t]

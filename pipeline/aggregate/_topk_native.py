@@ -11,7 +11,7 @@ from pipeline.aggregate import topk_format as fmt
 from pipeline.core import _native
 
 # _native.c's NATIVE_ABI: the kernels' arguments these wrappers pass
-ABI = 3
+ABI = 4
 _LAYOUT = {name: int(getattr(fmt, name)) for name in _native.LAYOUT if hasattr(fmt, name)}
 _LAYOUT.update({code.name: int(code) for code in fmt.KernelCode})
 # a stale build (another layout, other arguments): never run it
@@ -36,11 +36,13 @@ _NO_TABLE = np.zeros(0, np.int64)
 _NO_MASS_SQ = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64))
 
 
-def batch(start, rows, rules, sums, buffer, documents, table=None, mass_sq=None, *, low):
+def batch(start, rows, rules, sums, buffer, documents, table=None, mass_sq=None, *, low,
+          low_hits):
     """_topk_kernel.batch: fold rows start.. of a `BatchRows` in; (code, row).
-    `low`: the low rows, (low_bins, K, LOW_WIDTH) int64, C-contiguous (`sums`'
-    bin-1 vectors are views of low[0]): an entry in bins 1..low_bins is summed there, the
-    others go to the class table (numba's batch: low_bins = 1).
+    `low`: the low rows, (low_bins, K, LOW_WIDTH) int64, C-contiguous, and
+    `low_hits` their label hits, (low_bins, K) (`sums`' bin-1 vectors are views
+    of low[0] and low_hits[0]): an entry in bins 1..low_bins is summed there,
+    the others go to the class table (numba's batch: low_bins = 1).
     `table` (a ``ClassTable``): entries above the low bins go straight into it,
     not into the buffer (KernelCode.GROW_CLASSES: grow it, then call again).
     `mass_sq` (a ``floors.MassSqRows``): each row folded is added to it too,
@@ -56,7 +58,7 @@ def batch(start, rows, rules, sums, buffer, documents, table=None, mass_sq=None,
         _as(rows.top1_prob, np.float32), _as(rows.doc_id, np.int64),
         _as(rows.tail_count, np.int32), _as(rows.tail_mass, np.float64),
         _as(rows.tail_max, np.float32),
-        low, sums.label_count, sums.top1_count,
+        low, low_hits, sums.label_count, sums.top1_count,
         sums.top1_counts, sums.top1_conf, sums.totals, sums.largest_tail,
         *buffer, *documents, slots.reshape(-1), counts, grids, source, out.reshape(-1),
     )  # fmt: skip
@@ -82,7 +84,7 @@ def rehash_regions(slots, bigger, counts, parts, region_bits):
     _native.rehash_regions(slots, bigger, counts, int(parts), int(region_bits))
 
 
-def class_table(slots, low, tail_n, order, vocab, fine_bins):
+def class_table(slots, low, low_hits, tail_n, order, vocab, fine_bins):
     """_topk_kernel.class_table: (ids, bins, n, p_sum, hits, p_mass)."""
     used = int(np.count_nonzero(slots[:, fmt.CLASS_KEY] != fmt.EMPTY))
     low_n = low[:, :, fmt.LOW_N]
@@ -91,7 +93,7 @@ def class_table(slots, low, tail_n, order, vocab, fine_bins):
     n, p_sum, hits = np.empty(rows, np.int64), np.empty(rows, np.float64), np.empty(rows, np.int64)
     p_mass = np.zeros(int(vocab), np.float64)
     _native.class_table(
-        slots, low, _as(tail_n, np.int64), order, int(low.shape[0]), int(fine_bins),
+        slots, low, low_hits, _as(tail_n, np.int64), order, int(low.shape[0]), int(fine_bins),
         ids, bins, n, p_sum, hits, p_mass,
     )  # fmt: skip
     return ids, bins, n, p_sum, hits, p_mass

@@ -45,10 +45,13 @@ EMPTY = int(np.iinfo(np.int64).min)  # the key of a free class-table slot
 CLASS_KEY, CLASS_N, CLASS_HITS, CLASS_P_SUM = 0, 1, 2, 3
 CLASS_WIDTH = 4
 
-# A low row (int64; p_sum through a float64 view): a class's sums in one of the
-# bins 1..low_bins, kept dense (per class, per bin) instead of in the class table.
-LOW_N, LOW_HITS, LOW_P_SUM = 0, 1, 2
-LOW_WIDTH = 4  # 32 bytes: a row never straddles a cache line
+# A low row (int64; p_sum through a float64 view): a class's count and sum in one
+# of the bins 1..low_bins, kept dense (per class, per bin) instead of in the class
+# table; its label hits are kept apart, in a low_hits array of one int64 per row
+# (a position hits at most once: 16-byte rows, half the cache every entry's row
+# would take with them).
+LOW_N, LOW_P_SUM = 0, 1
+LOW_WIDTH = 2
 
 # A seq row, and the current document's row per bin (int64; p_sum and
 # conf_sum through a float64 view; 64 bytes: one cache line per bin):

@@ -75,14 +75,15 @@ _CLASSES_PER_PARTITION = 512  # a region then holds ~ all its classes' bins in L
 DIRECT_TABLE_BYTES = 8 << 20
 _INITIAL_REGION_BITS = 10
 # With the C kernels, a class's entries in bins 1..low_bins are summed in dense
-# low rows (LOW_WIDTH int64 per class and bin), not the class table: a real
-# model's kept entries above bin 1 mostly fall in the next few bins, where a row
-# costs one cache line and the table a hash, a probe and, past the core's cache,
-# a miss (measured in docs/performance.md, "Low bins in dense rows"). As many
-# bins as fit LOW_ROWS_BYTES, at most LOW_BINS_MOST; pages never written cost
-# address space only.
-LOW_ROWS_BYTES = 8 << 20
-LOW_BINS_MOST = 16
+# low rows (LOW_WIDTH int64 per class and bin: 16 bytes; label hits apart), not
+# the class table: a real model's kept entries above bin 1 mostly fall in the
+# next few bins, where a row costs one cache line and the table a hash, a probe
+# and, past the core's cache, a miss (measured in docs/performance.md, "Low bins
+# in dense rows"). As many bins as fit LOW_ROWS_BYTES, at most LOW_BINS_MOST:
+# 32 at K = 4,096 and 32,000, 8 at 128,000; pages never written cost address
+# space only.
+LOW_ROWS_BYTES = 16 << 20
+LOW_BINS_MOST = 32
 # last shard's table sizes: the next shard of this process starts there (no regrowth)
 _capacity_hint = {"class_region_bits": _INITIAL_REGION_BITS, "seq": _INITIAL_SEQ_ROWS}
 
@@ -283,8 +284,9 @@ class TopkShardPass:
         # rows (most entries on some data) as dense as the others' rows can leave
         # them; bin1_* are column views
         self._low = np.zeros((low_bins, k, fmt.LOW_WIDTH), np.int64)
+        self._low_hits = np.zeros((low_bins, k), np.int64)
         self.bin1_n = self._low[0, :, fmt.LOW_N]
-        self.bin1_hits = self._low[0, :, fmt.LOW_HITS]
+        self.bin1_hits = self._low_hits[0]
         self.bin1_p_sum = self._low.view(np.float64)[0, :, fmt.LOW_P_SUM]
         self.label_count = np.zeros(k, np.int64)
         self.top1_count = np.zeros(k, np.int64)
@@ -347,7 +349,7 @@ class TopkShardPass:
             mass_sq = MassSqRows(floor_bins_of(self.fine_bins), self.fine_bins)
         folds = {} if mass_sq is None else {"mass_sq": mass_sq}
         if getattr(kernels, "LOW_BINS", False):
-            folds["low"] = self._low
+            folds["low"], folds["low_hits"] = self._low, self._low_hits
         row = 0
         while True:
             # the seq rows and the class table may have grown since the last call
@@ -502,7 +504,13 @@ class TopkShardPass:
         if order is None or order.size < used:
             order = np.empty(used, np.int64)
         c_ids, c_bins, c_n, c_p, c_hits, p_mass = kernels.class_table(
-            self._class, self._low, self.class_tail_n, order, self.vocab_size, self.fine_bins
+            self._class,
+            self._low,
+            self._low_hits,
+            self.class_tail_n,
+            order,
+            self.vocab_size,
+            self.fine_bins,
         )
         seq_bins = _seq_bins(self._seq_rows[:, : int(self._seq_n[0])], stride)
         _give_scratch({"class": self._class, "buffer": self._buffer})

@@ -33,7 +33,7 @@ enum { CODE_OK = 0, CODE_BAD_ID = 1, CODE_BAD_PROB = 2, CODE_GROW = 3, CODE_FULL
        CODE_BAD_LABEL = 5, CODE_BAD_TOP1 = 6, CODE_BAD_TOP1_PROB = 7, CODE_BAD_DOC = 8,
        CODE_GROW_CLASSES = 9 };
 enum { CLASS_KEY = 0, CLASS_N = 1, CLASS_HITS = 2, CLASS_P_SUM = 3, CLASS_WIDTH = 4 };
-enum { LOW_N = 0, LOW_HITS = 1, LOW_P_SUM = 2, LOW_WIDTH = 4 };
+enum { LOW_N = 0, LOW_P_SUM = 1, LOW_WIDTH = 2 };
 enum { SEQ_KEY = 0, SEQ_N = 1, SEQ_HITS = 2, SEQ_TOP1_N = 3, SEQ_CORRECT = 4, SEQ_P_SUM = 5,
        SEQ_CONF_SUM = 6, SEQ_MARKED = 7, SEQ_WIDTH = 8 };
 enum { TOP1_N = 0, TOP1_CORRECT = 1 };
@@ -41,7 +41,7 @@ enum { MISSING_LABELS = 0, LABEL_HITS = 1, TAIL_COUNT = 2 };
 enum { CURRENT_DOC = 0, CURRENT_OPEN = 1 };
 #define EMPTY INT64_MIN
 /* raised whenever a kernel's arguments change: the wrappers refuse another build */
-#define NATIVE_ABI 3
+#define NATIVE_ABI 4
 #define KEY_MASK (~(((int64_t)1) << 31))
 
 /* ---- arrays through the buffer protocol --------------------------------- */
@@ -304,24 +304,28 @@ mass_sq_end_row(MassSq *m, double low)
 
 /* ---- the top-k map: class table, seq rows -------------------------------- */
 
-/* The low rows (batch's `low`, n int64 of them): 0 if they hold bins
- * 1..low_bins (<= fine_bins) of at least `vocab` classes, bin-major; their
- * classes in *classes */
+/* The low rows (batch's `low`, n int64 of them) and their label hits (`low_hits`,
+ * hits_n int64, one per row): 0 if they hold bins 1..low_bins (<= fine_bins) of at
+ * least `vocab` classes, bin-major; their classes in *classes */
 static int
-low_rows_invalid(int64_t n, int64_t low_bins, int64_t fine_bins, int64_t vocab, int64_t *classes)
+low_rows_invalid(int64_t n, int64_t hits_n, int64_t low_bins, int64_t fine_bins, int64_t vocab,
+                 int64_t *classes)
 {
     *classes = low_bins > 0 ? n / LOW_WIDTH / low_bins : 0;
     return low_bins < 1 || low_bins > fine_bins || *classes < vocab
-           || *classes * LOW_WIDTH * low_bins != n;
+           || *classes * LOW_WIDTH * low_bins != n || hits_n != *classes * low_bins;
 }
 
-/* an entry into low row `at` (its first int64) */
+/* an entry into low row `row`: its count and sum there (16 bytes), and a label
+ * hit (at most one a position: a branch taken rarely) in low_hits, apart, so
+ * that the rows every entry touches take half the cache they would with it */
 static inline void
-low_add(int64_t *low, int64_t at, int64_t hit, double v)
+low_add(int64_t *low, int64_t *low_hits, int64_t row, int64_t hit, double v)
 {
-    low[at + LOW_N] += 1;
-    low[at + LOW_HITS] += hit;
-    ((double *)low)[at + LOW_P_SUM] += v;
+    low[row * LOW_WIDTH + LOW_N] += 1;
+    if (hit)
+        low_hits[row] += 1;
+    ((double *)low)[row * LOW_WIDTH + LOW_P_SUM] += v;
 }
 
 static inline int64_t
@@ -409,21 +413,21 @@ py_flush(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 enum {
     B_IDS, B_PROBS, B_OFFSETS, B_LABEL, B_TOP1_ID, B_TOP1_PROB, B_DOC_ID, B_TAIL_COUNT,
-    B_TAIL_MASS, B_TAIL_MAX, B_LOW, B_LABEL_COUNT, B_TOP1_COUNT,
+    B_TAIL_MASS, B_TAIL_MAX, B_LOW, B_LOW_HITS, B_LABEL_COUNT, B_TOP1_COUNT,
     B_TOP1_COUNTS, B_TOP1_CONF, B_TOTALS, B_LARGEST_TAIL, B_BUF_KEYS, B_BUF_PROBS, B_BUF_N,
     B_PART_COUNTS, B_SEQ_ROWS, B_SEQ_N, B_DOC, B_TOUCHED, B_CURRENT, B_SLOTS, B_REGION_COUNTS,
     B_MSQ_GRIDS, B_MSQ_SOURCE, B_MSQ_OUT, B_ARRAYS
 };
 static const char *const BATCH_NAMES[] = {
     "ids", "probs", "offsets", "label", "top1_id", "top1_prob", "doc_id", "tail_count",
-    "tail_mass", "tail_max", "low bins", "label_count", "top1_count",
+    "tail_mass", "tail_max", "low bins", "low hits", "label_count", "top1_count",
     "top1_counts", "top1_conf", "totals", "largest_tail", "buffer keys", "buffer probs",
     "buffer used", "part_counts", "seq rows", "seq rows used", "doc", "touched", "current",
     "class slots", "region counts", "mass_sq grids", "mass_sq source", "mass_sq out"};
 static const Spec BATCH_SPEC[] = {
     {'i', 4, 0, 1}, {'f', 4, 0, 1}, {'i', 8, 0, 1}, {'i', 4, 0, 1}, {'i', 4, 0, 1},
     {'f', 4, 0, 1}, {'i', 8, 0, 1}, {'i', 4, 0, 1}, {'f', 8, 0, 1}, {'f', 4, 0, 1},
-    {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1},
+    {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1},
     {'i', 8, 1, 1}, {'f', 8, 1, 1}, {'i', 8, 1, 1}, {'f', 4, 1, 1}, {'i', 8, 1, 1},
     {'f', 4, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1},
     {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1}, {'i', 8, 1, 1},
@@ -431,10 +435,11 @@ static const Spec BATCH_SPEC[] = {
 
 /* batch(start, vocab, fine_bins, threshold, doc_limit, region_bits, low_bins, *the B_*
  * arrays) -> (code, row): _topk_kernel.batch, statement for statement, when
- * region_bits < 0 and low_bins == 1. `low` holds a row of LOW_WIDTH int64 per bin
- * 1..low_bins and class, bin-major (row (b, c) at ((b - 1) * K + c) * LOW_WIDTH, K its
+ * region_bits < 0 and low_bins == 1. `low` holds a row of LOW_WIDTH int64 (n, p_sum)
+ * per bin 1..low_bins and class, bin-major (row (b, c) = (b - 1) * K + c, K its
  * classes; p_sum through a float64 view; bin 1's rows stay as dense as when they
- * were the only ones): an entry in those bins is summed there, not in the class table
+ * were the only ones), `low_hits` each row's label hits (apart: an entry hits at
+ * most once a position): an entry in those bins is summed there, not in the class table
  * (bin 1 was always dense; a real model's kept entries above it mostly fall in the
  * next few bins, where the table's hash and probe cost more than the row). Each
  * (class, bin) is still summed in the entries' order, in one place: the same bits.
@@ -492,7 +497,7 @@ py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     double *slots_f = (double *)slots;
     int64_t *region_counts = (int64_t *)a[B_REGION_COUNTS].ptr;
     double *doc_f = (double *)doc;
-    int64_t *low = (int64_t *)a[B_LOW].ptr;
+    int64_t *low = (int64_t *)a[B_LOW].ptr, *low_hits = (int64_t *)a[B_LOW_HITS].ptr;
     int64_t low_classes;
     int64_t n_rows = a[B_LABEL].n, seq_capacity = a[B_SEQ_ROWS].n / SEQ_WIDTH;
     int64_t buf_size = a[B_BUF_KEYS].n;
@@ -507,7 +512,8 @@ py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         || a[B_DOC_ID].n < n_rows || a[B_TAIL_COUNT].n < n_rows || a[B_TAIL_MASS].n < n_rows
         || a[B_TAIL_MAX].n < n_rows || a[B_PROBS].n < a[B_IDS].n
         || (n_rows > start && offsets[n_rows] > a[B_IDS].n)
-        || low_rows_invalid(a[B_LOW].n, low_bins, fine_bins, vocab, &low_classes)
+        || low_rows_invalid(a[B_LOW].n, a[B_LOW_HITS].n, low_bins, fine_bins, vocab,
+                            &low_classes)
         || a[B_LABEL_COUNT].n < vocab
         || a[B_TOP1_COUNT].n < vocab || a[B_TOP1_COUNTS].n < 2 * stride
         || a[B_TOP1_CONF].n < stride || a[B_TOTALS].n < 3 || a[B_BUF_PROBS].n < buf_size
@@ -576,14 +582,14 @@ py_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             int64_t hit = c == label ? 1 : 0;
             hits += hit;
             if (v64 <= threshold) {
-                low_add(low, c * LOW_WIDTH, hit, v64);
+                low_add(low, low_hits, c, hit, v64);
                 n1 += 1;
                 p1 += v64;
                 h1 += hit;
             } else {
                 uint64_t b = (uint64_t)ceil_index(v64 * bins_f);
                 if ((int64_t)b <= low_bins) {
-                    low_add(low, (((int64_t)b - 1) * low_classes + c) * LOW_WIDTH, hit, v64);
+                    low_add(low, low_hits, ((int64_t)b - 1) * low_classes + c, hit, v64);
                 } else if (direct) { /* insert's probe, in the entry's region */
                     int64_t key = (c << 32) | (int64_t)b;
                     uint64_t q = (uint64_t)c & pmask, base = q << region_bits;
@@ -841,59 +847,61 @@ py_rehash_regions(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-/* class_table(slots, low, tail_n, order, low_bins, fine_bins,
+/* class_table(slots, low, low_hits, tail_n, order, low_bins, fine_bins,
  *             ids, bins, n, p_sum, hits, p_mass) -> rows:
  * _topk_kernel.class_table into outputs the caller sized (rows = the low rows
  * with n != 0, tail_n[c] added to bin 1's n, plus used slots; p_mass zeroed, K
- * long; `low` as batch's). The low rows of a class (bins 1..low_bins) come first, then its table
+ * long; `low` and `low_hits` as batch's). The low rows of a class (bins 1..low_bins) come first, then its table
  * rows (bins above), each in bin order: p_mass adds them in bin order, as
  * numba's class_table does (its low bins are bin 1 alone). */
-static const char *const TABLE_NAMES[] = {"slots", "low", "tail_n", "order", "ids", "bins",
-                                          "n", "p_sum", "hits", "p_mass"};
+static const char *const TABLE_NAMES[] = {"slots", "low", "low_hits", "tail_n", "order",
+                                          "ids", "bins", "n", "p_sum", "hits", "p_mass"};
 static const Spec TABLE_SPEC[] = {{'i', 8, 0, 1}, {'i', 8, 0, 1}, {'i', 8, 0, 1},
-                                  {'i', 8, 1, 1}, {'i', 4, 1, 1}, {'i', 4, 1, 1},
-                                  {'i', 8, 1, 1}, {'f', 8, 1, 1}, {'i', 8, 1, 1},
-                                  {'f', 8, 1, 1}};
+                                  {'i', 8, 0, 1}, {'i', 8, 1, 1}, {'i', 4, 1, 1},
+                                  {'i', 4, 1, 1}, {'i', 8, 1, 1}, {'f', 8, 1, 1},
+                                  {'i', 8, 1, 1}, {'f', 8, 1, 1}};
 
 static PyObject *
 py_class_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    Arr a[10];
-    PyObject *objs[10];
+    Arr a[11];
+    PyObject *objs[11];
     int64_t low_bins, fine_bins;
-    if (check_args(nargs, 12, "class_table") < 0 || int_arg(args[4], &low_bins) < 0
-        || int_arg(args[5], &fine_bins) < 0)
+    if (check_args(nargs, 13, "class_table") < 0 || int_arg(args[5], &low_bins) < 0
+        || int_arg(args[6], &fine_bins) < 0)
         return NULL;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         objs[i] = args[i];
-    for (int i = 4; i < 10; i++)
+    for (int i = 5; i < 11; i++)
         objs[i] = args[i + 2];
-    if (arrs_get(objs, TABLE_SPEC, TABLE_NAMES, 10, a) < 0)
+    if (arrs_get(objs, TABLE_SPEC, TABLE_NAMES, 11, a) < 0)
         return NULL;
-    int64_t vocab = a[9].n, n_slots = a[0].n / CLASS_WIDTH;
-    int64_t out_rows = a[4].n;
+    int64_t vocab = a[10].n, n_slots = a[0].n / CLASS_WIDTH;
+    int64_t out_rows = a[5].n;
     int64_t low_classes;
-    if (fine_bins < 1 || low_rows_invalid(a[1].n, low_bins, fine_bins, vocab, &low_classes)
-        || a[2].n < vocab || a[5].n != out_rows
-        || a[6].n != out_rows || a[7].n != out_rows || a[8].n != out_rows) {
-        arr_release(a, 10);
+    if (fine_bins < 1
+        || low_rows_invalid(a[1].n, a[2].n, low_bins, fine_bins, vocab, &low_classes)
+        || a[3].n < vocab || a[6].n != out_rows
+        || a[7].n != out_rows || a[8].n != out_rows || a[9].n != out_rows) {
+        arr_release(a, 11);
         PyErr_SetString(PyExc_ValueError, "class_table: arrays of the wrong sizes");
         return NULL;
     }
     const int64_t *slots = (const int64_t *)a[0].ptr;
     const double *slots_f = (const double *)a[0].ptr;
-    const int64_t *low = (const int64_t *)a[1].ptr, *tail_n = (const int64_t *)a[2].ptr;
+    const int64_t *low = (const int64_t *)a[1].ptr, *low_hits = (const int64_t *)a[2].ptr;
+    const int64_t *tail_n = (const int64_t *)a[3].ptr;
     const double *low_f = (const double *)a[1].ptr;
-    int64_t *order = (int64_t *)a[3].ptr;
-    int32_t *ids = (int32_t *)a[4].ptr, *bins = (int32_t *)a[5].ptr;
-    int64_t *n = (int64_t *)a[6].ptr, *hits = (int64_t *)a[8].ptr;
-    double *p_sum = (double *)a[7].ptr, *p_mass = (double *)a[9].ptr;
+    int64_t *order = (int64_t *)a[4].ptr;
+    int32_t *ids = (int32_t *)a[5].ptr, *bins = (int32_t *)a[6].ptr;
+    int64_t *n = (int64_t *)a[7].ptr, *hits = (int64_t *)a[9].ptr;
+    double *p_sum = (double *)a[8].ptr, *p_mass = (double *)a[10].ptr;
     int64_t *per_class = (int64_t *)calloc((size_t)vocab + 1, sizeof(int64_t));
     int64_t *per_bin = (int64_t *)calloc((size_t)fine_bins + 2, sizeof(int64_t));
     if (per_class == NULL || per_bin == NULL) {
         free(per_class);
         free(per_bin);
-        arr_release(a, 10);
+        arr_release(a, 11);
         return PyErr_NoMemory();
     }
     int64_t rows = -1;
@@ -914,7 +922,7 @@ py_class_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     for (int64_t c = 0; c < vocab; c++)
         per_class[c + 1] += per_class[c];
-    if (per_class[vocab] == out_rows && used <= a[3].n) {
+    if (per_class[vocab] == out_rows && used <= a[4].n) {
         rows = out_rows;
         for (int64_t b = 0; b < fine_bins + 1; b++)
             per_bin[b + 1] += per_bin[b];
@@ -928,7 +936,7 @@ py_class_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         for (int64_t c = 0; c < vocab; c++) { /* the low rows first: the table's are above */
             for (int64_t b = 1; b <= low_bins; b++) {
-                int64_t at = ((b - 1) * low_classes + c) * LOW_WIDTH;
+                int64_t row = (b - 1) * low_classes + c, at = row * LOW_WIDTH;
                 int64_t count = low[at + LOW_N] + (b == 1 ? tail_n[c] : 0);
                 if (count != 0) {
                     int64_t r = per_class[c];
@@ -937,7 +945,7 @@ py_class_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                     bins[r] = (int32_t)b;
                     n[r] = count;
                     p_sum[r] = low_f[at + LOW_P_SUM];
-                    hits[r] = low[at + LOW_HITS];
+                    hits[r] = low_hits[row];
                     p_mass[c] += low_f[at + LOW_P_SUM];
                 }
             }
@@ -959,7 +967,7 @@ py_class_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_END_ALLOW_THREADS
     free(per_class);
     free(per_bin);
-    arr_release(a, 10);
+    arr_release(a, 11);
     if (rows < 0) {
         PyErr_SetString(PyExc_ValueError, "class_table: outputs sized for another table");
         return NULL;
@@ -1302,13 +1310,13 @@ PyInit__native(void)
     /* the layout compiled in: the wrapper compares it with topk_format's */
     PyObject *layout = Py_BuildValue(
         "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,"
-        "s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:L}",
+        "s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:L}",
         "OK", CODE_OK, "BAD_ID", CODE_BAD_ID, "BAD_PROB", CODE_BAD_PROB, "GROW", CODE_GROW,
         "FULL", CODE_FULL, "BAD_LABEL", CODE_BAD_LABEL, "BAD_TOP1", CODE_BAD_TOP1,
         "BAD_TOP1_PROB", CODE_BAD_TOP1_PROB, "BAD_DOC", CODE_BAD_DOC,
         "GROW_CLASSES", CODE_GROW_CLASSES, "CLASS_KEY", CLASS_KEY,
         "CLASS_N", CLASS_N, "CLASS_HITS", CLASS_HITS, "CLASS_P_SUM", CLASS_P_SUM,
-        "CLASS_WIDTH", CLASS_WIDTH, "LOW_N", LOW_N, "LOW_HITS", LOW_HITS,
+        "CLASS_WIDTH", CLASS_WIDTH, "LOW_N", LOW_N,
         "LOW_P_SUM", LOW_P_SUM, "LOW_WIDTH", LOW_WIDTH, "SEQ_KEY", SEQ_KEY, "SEQ_N", SEQ_N, "SEQ_HITS", SEQ_HITS,
         "SEQ_TOP1_N", SEQ_TOP1_N, "SEQ_CORRECT", SEQ_CORRECT, "SEQ_P_SUM", SEQ_P_SUM,
         "SEQ_CONF_SUM", SEQ_CONF_SUM, "SEQ_MARKED", SEQ_MARKED, "SEQ_WIDTH", SEQ_WIDTH,
