@@ -36,8 +36,7 @@ _NO_TABLE = np.zeros(0, np.int64)
 _NO_MASS_SQ = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64))
 
 
-def batch(start, rows, rules, sums, buffer, documents, table=None, mass_sq=None, *, low,
-          low_hits):
+def batch(start, rows, rules, sums, buffer, documents, table=None, mass_sq=None, *, low, low_hits):
     """_topk_kernel.batch: fold rows start.. of a `BatchRows` in; (code, row).
     `low`: the low rows, (low_bins, K, LOW_WIDTH) int64, C-contiguous, and
     `low_hits` their label hits, (low_bins, K) (`sums`' bin-1 vectors are views
