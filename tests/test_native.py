@@ -180,17 +180,17 @@ def test_a_build_of_other_kernel_arguments_is_refused(monkeypatch, abi):
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
-def test_low_bins_fill_16_mb_at_most_32_and_numba_keeps_bin_1_alone(monkeypatch):
+def test_low_bins_fill_8_mb_at_most_32_and_numba_keeps_bin_1_alone(monkeypatch):
     """The low rows' size as docs/design.md states it: as many bins as fit
-    16 MB of 16-byte rows, at most 32 and at most F; numba's kernels sum bin 1
+    8 MB of 16-byte rows, at most 32 and at most F; numba's kernels sum bin 1
     alone there (their batch puts the bins above in the class table)."""
     from pipeline.aggregate import topk_pass
 
     assert [topk_pass.low_bins(k, 1000) for k in (2, 4096, 32_000, 128_000, 10**7)] == [
-        32, 32, 32, 8, 1,
+        32, 32, 16, 4, 1,
     ]  # fmt: skip
     assert topk_pass.low_bins(2, 10) == 10
-    for kernels, bins in (("native", 32), ("numba", 1)):
+    for kernels, bins in (("native", 16), ("numba", 1)):
         monkeypatch.setenv("FULLECE_KERNELS", kernels)
         state = topk_pass.TopkShardPass(vocab_size=32_000, fine_bins=1000)
         assert state._low.shape == (bins, 32_000, 2) and state._low.flags.c_contiguous

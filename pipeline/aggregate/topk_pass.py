@@ -80,9 +80,10 @@ _INITIAL_REGION_BITS = 10
 # next few bins, where a row costs one cache line and the table a hash, a probe
 # and, past the core's cache, a miss (measured in docs/performance.md, "Low bins
 # in dense rows"). As many bins as fit LOW_ROWS_BYTES, at most LOW_BINS_MOST:
-# 32 at K = 4,096 and 32,000, 8 at 128,000; pages never written cost address
-# space only.
-LOW_ROWS_BYTES = 16 << 20
+# 32 at K = 4,096, 16 at 32,000, 4 at 128,000 (numpy asks for huge pages for
+# arrays this large: a row touched zeroes its 2 MB page, so the rows' whole
+# size costs page faults, touched or not).
+LOW_ROWS_BYTES = 8 << 20
 LOW_BINS_MOST = 32
 # last shard's table sizes: the next shard of this process starts there (no regrowth)
 _capacity_hint = {"class_region_bits": _INITIAL_REGION_BITS, "seq": _INITIAL_SEQ_ROWS}
