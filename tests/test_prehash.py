@@ -107,6 +107,49 @@ def test_only_regular_files_inside_the_run_are_prehashed(tmp_path, monkeypatch):
     assert calls == [str(inside.resolve())]
 
 
+def test_the_first_shards_in_the_maps_order_are_prehashed_one_a_core(tmp_path, monkeypatch):
+    """One shard a core (the shards the map starts with), taken in the map's
+    order across runs: a run's shards in manifest order, then the next run's;
+    each once, however often asked."""
+    calls = _count_hashes(monkeypatch)
+    runs = []
+    for r, count in enumerate((2, 3)):
+        run = tmp_path / f"run{r}"
+        (run / "shards").mkdir(parents=True)
+        shards = []
+        for i in range(count):
+            for kind in ("positions", "class_tail"):
+                _settled_file(run / "shards" / f"{kind}-{i:05d}.parquet", f"{r}{i}{kind}".encode())
+            shards.append(
+                {
+                    "files": {
+                        f"shards/{k}-{i:05d}.parquet": "0" * 64 for k in ("positions", "class_tail")
+                    }
+                }
+            )
+        (run / "manifest.json").write_text(json.dumps({"shards": shards}))
+        runs.append(run)
+    in_order = [
+        str((run / "shards" / f"{kind}-{i:05d}.parquet").resolve())
+        for run, i in ((runs[0], 0), (runs[0], 1), (runs[1], 0))
+        for kind in ("class_tail", "positions")  # a shard's files sorted by name
+    ]
+    assert [str(p) for p in hashes.first_shard_files(runs[0], 2)] == in_order[:4]
+    hashes.prehash_first_shards(runs, shards=3)
+    _wait_idle()
+    assert calls == in_order
+    hashes.prehash_first_shards(runs, shards=3)  # cached: nothing hashed again
+    _wait_idle()
+    assert calls == in_order
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # the default: one shard a core
+    hashes.prehash_first_shards([runs[1]])
+    _wait_idle()
+    assert calls == in_order + [  # run1's second shard (its first is hashed already)
+        str((runs[1] / "shards" / f"{kind}-00001.parquet").resolve())
+        for kind in ("class_tail", "positions")
+    ]
+
+
 @pytest.mark.parametrize("manifest", ["not json", "{}", '{"shards": []}', '{"shards": [3]}'])
 def test_an_unreadable_manifest_prehashes_nothing(tmp_path, manifest):
     (tmp_path / "manifest.json").write_text(manifest)

@@ -88,8 +88,8 @@ def aggregate_command(run_dirs, out, fine_bins, memory_limit, quiet, allow_mixed
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from pipeline.store.hashes import prehash_first_shards
 
-    # the first shard is hashed (verified) while numpy and pyarrow import, on
-    # the other core; then the aggregation (pipeline.aggregate) is imported
+    # the first shards (one a core) are hashed (verified) while numpy and pyarrow
+    # import, on the other core; then the aggregation (pipeline.aggregate) is imported
     prehash_first_shards(run_dirs)
     from pipeline.aggregate import aggregate
 

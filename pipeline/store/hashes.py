@@ -1,11 +1,11 @@
 """sha256 of run files: the digests the manifest records, cached per process,
 and begun early.
 
-Standard library only, so that a command can start hashing a run's first
-shard (:func:`prehash_first_shards`, on a thread) before it imports numpy and
-pyarrow: the import takes one core for ~0.15 s and the other would be idle,
-while hashing a shard (~0.9 GB/s here) is the first thing a command that
-reads it must finish. A file is then hashed once: :func:`cached_sha256` waits
+Standard library only, so that a command can start hashing the first shards
+it maps (:func:`prehash_first_shards`, one a core, on a thread) before it
+imports numpy and pyarrow: the import takes one core for ~0.15 s and the other
+would be idle, while hashing a shard (~0.9 GB/s here) is the first thing a
+command that reads it must finish. A file is then hashed once: :func:`cached_sha256` waits
 for a hash under way instead of starting another. A digest is used only if
 the file's (size, mtime, inode) are the same before and after it was hashed
 and when it is asked for, as for any cached digest.
@@ -163,25 +163,44 @@ def prehash(paths) -> None:
         threading.Thread(target=_hash_pending, args=(jobs,), name="prehash", daemon=True).start()
 
 
-def first_shard_files(run_dir) -> list[Path]:
-    """The files of the first shard in RUN_DIR/manifest.json that resolve
-    inside the run (none when the manifest cannot be read: the command
-    reports it)."""
+def first_shard_files(run_dir, shards: int = 1) -> list[Path]:
+    """The files of the first `shards` shards in RUN_DIR/manifest.json (in
+    shard order) that resolve inside the run (none when the manifest cannot
+    be read: the command reports it)."""
+    return [path for files in _first_shards(run_dir, shards) for path in files]
+
+
+def _first_shards(run_dir, shards: int) -> list[list[Path]]:
     run_dir = Path(run_dir)
     try:
-        shards = json.loads((run_dir / "manifest.json").read_text()).get("shards") or []
-        files = sorted(shards[0].get("files") or {})
+        listed = json.loads((run_dir / "manifest.json").read_text()).get("shards") or []
+        names = [sorted(shard.get("files") or {}) for shard in listed[: max(0, shards)]]
     except (OSError, ValueError, AttributeError, IndexError, TypeError):
         return []
     found = []
-    for rel in files:
-        try:
-            found.append(inside_run(run_dir, rel).resolve())
-        except (ValueError, OSError):  # refused: the command's own check reports it
-            continue
+    for files in names:
+        paths = []
+        for rel in files:
+            try:
+                paths.append(inside_run(run_dir, rel).resolve())
+            except (ValueError, OSError):  # refused: the command's own check reports it
+                continue
+        found.append(paths)
     return found
 
 
-def prehash_first_shards(run_dirs) -> None:
-    """Begin hashing each run's first shard (see the module's docstring)."""
-    prehash([path for run_dir in run_dirs for path in first_shard_files(run_dir)])
+def prehash_first_shards(run_dirs, shards: int | None = None) -> None:
+    """Begin hashing the runs' first `shards` shards in the map's order (default:
+    one a core, the shards the map starts with): see the module's docstring.
+    While numpy and pyarrow import, one core hashes ~0.2 GB here, more than
+    one shard of a large run; hashes not finished then go on beside the map
+    (each file is hashed once either way)."""
+    left = shards if shards is not None else (os.cpu_count() or 1)
+    paths = []
+    for run_dir in run_dirs:
+        first = _first_shards(run_dir, left)
+        left -= len(first)
+        paths += [path for files in first for path in files]
+        if left <= 0:
+            break
+    prehash(paths)
