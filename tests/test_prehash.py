@@ -191,3 +191,15 @@ def test_the_aggregate_command_starts_no_blas_threads(tmp_path, user_value):
         env["OPENBLAS_NUM_THREADS"] = user_value
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.stdout.strip().splitlines()[-1] == f"True {user_value or '1'}", out.stderr
+
+
+@pytest.mark.parametrize("extra", [None, -1, 0, 1, 5])
+def test_a_file_hashes_to_the_sha256_of_its_bytes_at_every_block_edge(tmp_path, extra):
+    """file_sha256 reads into one reused block: files of no byte, one block
+    less one byte, one block, one block and a byte, and three blocks and more
+    all hash to hashlib's sha256 of their whole bytes."""
+    size = 0 if extra is None else hashes._HASH_BLOCK * (3 if extra == 5 else 1) + extra
+    data = os.urandom(size)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    assert hashes.file_sha256(path) == hashlib.sha256(data).hexdigest()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pipeline.store.runpaths import inside_run
 
-_HASH_BLOCK = 1 << 22
+_HASH_BLOCK = 1 << 20
 # A file modified this recently may change again within the same timestamp
 # tick (same size, same mtime): never cached (git's "racy" rule).
 _RACY_NS = 2_000_000_000
@@ -45,10 +45,14 @@ class _Pending:
 
 
 def file_sha256(path) -> str:
+    # read into one buffer, reused: a fresh block per read is fresh pages, whose
+    # faults took a third of the hash's CPU here (98 MB: 0.088-0.118 -> 0.074-0.080 s)
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            h.update(block)
+    block = bytearray(_HASH_BLOCK)
+    view = memoryview(block)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(block):
+            h.update(view[:n])
     return h.hexdigest()
 
 
