@@ -279,11 +279,11 @@ class TopkShardPass:
         """The state of size O(K + F): per class, per top-1 bin, shard totals."""
         k, f = self.vocab_size, self.fine_bins
         self._threshold = bin1_threshold(f)
-        # a class's sums in each low bin (1..low_bins) share one 32-byte row (one
-        # cache line per entry there; entries above touch no per-class row: their
+        # a class's count and sum in each low bin (1..low_bins) share one 16-byte
+        # row, its label hits apart (entries above touch no per-class row: their
         # class sums come from the class table at the end), bin-major: bin 1's
         # rows (most entries on some data) as dense as the others' rows can leave
-        # them; bin1_* are column views
+        # them; bin1_* are views
         self._low = np.zeros((low_bins, k, fmt.LOW_WIDTH), np.int64)
         self._low_hits = np.zeros((low_bins, k), np.int64)
         self.bin1_n = self._low[0, :, fmt.LOW_N]

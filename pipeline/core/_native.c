@@ -439,8 +439,8 @@ static const Spec BATCH_SPEC[] = {
  * per bin 1..low_bins and class, bin-major (row (b, c) = (b - 1) * K + c, K its
  * classes; p_sum through a float64 view; bin 1's rows stay as dense as when they
  * were the only ones), `low_hits` each row's label hits (apart: an entry hits at
- * most once a position): an entry in those bins is summed there, not in the class table
- * (bin 1 was always dense; a real model's kept entries above it mostly fall in the
+ * most once a position): an entry in those bins is summed there, not in the class
+ * table (bin 1 was always dense; a real model's kept entries above it mostly fall in the
  * next few bins, where the table's hash and probe cost more than the row). Each
  * (class, bin) is still summed in the entries' order, in one place: the same bits.
  * With region_bits >= 0, each entry above the low bins goes straight into its region of
@@ -851,9 +851,10 @@ py_rehash_regions(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  *             ids, bins, n, p_sum, hits, p_mass) -> rows:
  * _topk_kernel.class_table into outputs the caller sized (rows = the low rows
  * with n != 0, tail_n[c] added to bin 1's n, plus used slots; p_mass zeroed, K
- * long; `low` and `low_hits` as batch's). The low rows of a class (bins 1..low_bins) come first, then its table
- * rows (bins above), each in bin order: p_mass adds them in bin order, as
- * numba's class_table does (its low bins are bin 1 alone). */
+ * long; `low` and `low_hits` as batch's). The low rows of a class (bins
+ * 1..low_bins) come first, then its table rows (bins above), each in bin order:
+ * p_mass adds them in bin order, as numba's class_table does (its low bins are
+ * bin 1 alone). */
 static const char *const TABLE_NAMES[] = {"slots", "low", "low_hits", "tail_n", "order",
                                           "ids", "bins", "n", "p_sum", "hits", "p_mass"};
 static const Spec TABLE_SPEC[] = {{'i', 8, 0, 1}, {'i', 8, 0, 1}, {'i', 8, 0, 1},
@@ -1316,8 +1317,8 @@ PyInit__native(void)
         "BAD_TOP1_PROB", CODE_BAD_TOP1_PROB, "BAD_DOC", CODE_BAD_DOC,
         "GROW_CLASSES", CODE_GROW_CLASSES, "CLASS_KEY", CLASS_KEY,
         "CLASS_N", CLASS_N, "CLASS_HITS", CLASS_HITS, "CLASS_P_SUM", CLASS_P_SUM,
-        "CLASS_WIDTH", CLASS_WIDTH, "LOW_N", LOW_N,
-        "LOW_P_SUM", LOW_P_SUM, "LOW_WIDTH", LOW_WIDTH, "SEQ_KEY", SEQ_KEY, "SEQ_N", SEQ_N, "SEQ_HITS", SEQ_HITS,
+        "CLASS_WIDTH", CLASS_WIDTH, "LOW_N", LOW_N, "LOW_P_SUM", LOW_P_SUM,
+        "LOW_WIDTH", LOW_WIDTH, "SEQ_KEY", SEQ_KEY, "SEQ_N", SEQ_N, "SEQ_HITS", SEQ_HITS,
         "SEQ_TOP1_N", SEQ_TOP1_N, "SEQ_CORRECT", SEQ_CORRECT, "SEQ_P_SUM", SEQ_P_SUM,
         "SEQ_CONF_SUM", SEQ_CONF_SUM, "SEQ_MARKED", SEQ_MARKED, "SEQ_WIDTH", SEQ_WIDTH,
         "TOP1_N", TOP1_N, "TOP1_CORRECT", TOP1_CORRECT, "MISSING_LABELS", MISSING_LABELS,

@@ -5,8 +5,8 @@ Standard library only, so that a command can start hashing the first shards
 it maps (:func:`prehash_first_shards`, one a core, on a thread) before it
 imports numpy and pyarrow: the import takes one core for ~0.15 s and the other
 would be idle, while hashing a shard (~0.9 GB/s here) is the first thing a
-command that reads it must finish. A file is then hashed once: :func:`cached_sha256` waits
-for a hash under way instead of starting another. A digest is used only if
+command that reads it must finish. A file is then hashed once:
+:func:`cached_sha256` waits for a hash under way instead of starting another. A digest is used only if
 the file's (size, mtime, inode) are the same before and after it was hashed
 and when it is asked for, as for any cached digest.
 """
