@@ -25,7 +25,7 @@
     python -m benchmarks.bench_aggregate --out DIR [--quick]
 
 Prints the figures and writes DIR/aggregate.json. Synthetic shards are made
-with numpy/pyarrow and cached in DIR/data-v2 between runs: "few groups"
+with numpy/pyarrow and cached in DIR/data-v3 between runs: "few groups"
 (topk_shard: each position's kept ids a window of consecutive ids, rank j an
 almost fixed probability) and "zipf" (zipf_topk_shard: ids from a Zipf prior,
 probabilities with per-position lognormal noise); the label is always kept.
@@ -478,9 +478,15 @@ def _duckdb_query(sql: str, cpu: list | None = None) -> tuple[float, tuple]:
 def group_stats(run_dir: Path, fine_bins: int = DEFAULT_FINE_BINS_) -> dict:
     """Positions, kept entries and distinct (class, fine bin) groups of a run's
     kept entries (counted by DuckDB), and groups per kept entry."""
+    from pipeline.store.run import open_run
+    from pipeline.store.schema import table_version
+
     _, (groups, entries, _) = _duckdb_query(_group_by_sql(run_dir, fine_bins))
     positions = json.loads((run_dir / "manifest.json").read_text())["positions"]
+    shard = open_run(run_dir).shards[0]
     return {
+        # v3 declares the kept lists' elements non-null: pyarrow decodes them faster
+        "positions_version": table_version(pq.read_schema(shard.path("positions"))),
         "positions": positions,
         "kept_entries": int(entries),
         "distinct_groups": int(groups),
@@ -846,7 +852,8 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
     }
     rp, h = r["ratio_to_plain_scan"], r["headline"]
     print(
-        f"{name}: {stats['positions']:,} positions, {stats['kept_entries'] / 1e6:.1f}M kept, "
+        f"{name}: {stats['positions']:,} positions (positions v{stats['positions_version']}), "
+        f"{stats['kept_entries'] / 1e6:.1f}M kept, "
         f"{stats['distinct_groups']:,} (class, bin) groups = "
         f"{100 * stats['groups_per_kept_entry']:.2f}% of kept entries\n"
         f"  fullece aggregate (process) {best['aggregate']:.2f} s (numba's kernels "
@@ -1148,9 +1155,9 @@ def main(argv=None):
             "reduce_shard_rows": 1_000,
         },
     }
-    data = (
-        args.out / "data-v2"
-    )  # v2: no generated row sums past 1 (cached runs of v1 are not reused)
+    # v2: no generated row sums past 1; v3: positions v3 shards (cached data of
+    # older versions are not reused)
+    data = args.out / "data-v3"
     data.mkdir(parents=True, exist_ok=True)
     result = {"quick": q, "cpus": os.cpu_count(), "sizes": sizes}
 

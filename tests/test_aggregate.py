@@ -153,6 +153,53 @@ def test_several_runs_into_one(tmp_path, case):
         aggregate([tmp_path / "a", tmp_path / "b"])
 
 
+def test_positions_versions_mix(tmp_path, case):
+    """Runs of every positions version (v3: kept elements non-null; v2: nullable;
+    v1: no sum_p2) aggregate into the same tables, byte for byte, alone and
+    together, and the SQL positions view reads them all as one."""
+    from tests.helpers.sql import query_rows
+
+    b = dense_case(300, 40, seed=12, docs=10)
+    tables = {}
+    for version in (3, 2, 1):
+        for name, data in (("a", case), ("b", b)):
+            write_run(tmp_path / f"{name}{version}", data, k=5, positions_version=version)
+        for name in ("a", "b"):
+            aggregate_runs([tmp_path / f"{name}{version}"])
+        aggregate_runs(
+            [tmp_path / f"a{version}", tmp_path / f"b{version}"], out=tmp_path / f"m{version}"
+        )
+        tables[version] = {
+            f"{where}/{p.name}": p.read_bytes()
+            for where in (f"a{version}/tables", f"b{version}/tables", f"m{version}")
+            for p in sorted((tmp_path / where).glob("*.parquet"))
+        }
+    assert len(tables[3]) == 12
+    assert tables[2] == {k.replace("3", "2"): v for k, v in tables[3].items()}
+    assert tables[1] == {k.replace("3", "1"): v for k, v in tables[3].items()}
+    mixed = aggregate_runs([tmp_path / "a2", tmp_path / "b3"], out=tmp_path / "mixed")
+    assert_tables_equal(
+        mixed, aggregate_runs([tmp_path / "a3", tmp_path / "b3"], out=tmp_path / "m3")
+    )
+    for p in sorted((tmp_path / "m3").glob("*.parquet")):
+        assert (tmp_path / "mixed" / p.name).read_bytes() == p.read_bytes(), p.name
+    runs = [tmp_path / "a1", tmp_path / "b2", tmp_path / "b3"]
+    for run, label in zip(runs, ("v1", "v2", "v3"), strict=True):
+        manifest = json.loads((run / "manifest.json").read_text())
+        (run / "manifest.json").write_text(json.dumps({**manifest, "label": label}))
+    query = (
+        "SELECT run, count(*), sum(len(kept_ids)), sum(list_sum(kept_probs)), count(sum_p2) "
+        "FROM positions GROUP BY run ORDER BY run"
+    )
+    _, rows = query_rows(runs, query)
+    for row, run in zip(rows, runs, strict=True):
+        table = pq.read_table(sorted((run / "shards").glob("positions-*.parquet")))
+        kept = table.column("kept_probs").combine_chunks()
+        assert row[1:3] == (table.num_rows, len(kept.values))
+        assert row[3] == pytest.approx(np.sum(kept.values.to_numpy(), dtype=np.float64))
+        assert row[4] == (0 if row[0] == "v1" else table.num_rows)  # v1: sum_p2 null
+
+
 def test_errors_name_the_file(tmp_path, case):
     run = tmp_path / "run"
     write_run(run, case, k=3, shard_rows=300)
@@ -272,7 +319,9 @@ def test_parallel_map_error_names_its_shard(tmp_path, case, monkeypatch, compile
     probs = t.column("kept_probs").combine_chunks()
     values = probs.values.to_numpy().copy()
     values[0] = 1.5  # a kept probability outside [0, 1]
-    bad = pa.ListArray.from_arrays(probs.offsets, pa.array(values, probs.type.value_type))
+    bad = pa.ListArray.from_arrays(
+        probs.offsets, pa.array(values, probs.type.value_type), type=probs.type
+    )
     t = t.set_column(t.schema.get_field_index("kept_probs"), "kept_probs", bad)
     pq.write_table(t.cast(t.schema), pos)
     manifest = json.loads((run / "manifest.json").read_text())  # as a faulty extractor would

@@ -244,41 +244,70 @@ def test_full_store_bfloat16_kept_as_float16(tmp_path, corpus):
     np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-5)
 
 
-def test_positions_v2_schema_and_v1_runs_still_open(models, corpus, tmp_path):
-    """New runs write positions v2 (sum_p2); a v1 shard (no sum_p2) still
-    validates and measures to the same numbers."""
+def test_positions_v3_schema_and_older_runs_still_open(models, corpus, tmp_path):
+    """New runs write positions v3 (sum_p2, the kept lists' elements non-null);
+    the same shards rewritten as v2 (elements nullable) and as v1 (no sum_p2),
+    as an older fullece wrote them, still validate and give the same tables,
+    byte for byte, and the same metrics."""
     from pipeline.aggregate.validate import find_problems
     from pipeline.analysis.metrics import metrics_for_run
     from pipeline.store.manifest import save_manifest
-    from pipeline.store.schema import POSITIONS_V1, SchemaVersionError, check_table_schema
+    from pipeline.store.schema import (
+        POSITIONS,
+        POSITIONS_V1,
+        POSITIONS_V2,
+        SchemaVersionError,
+        check_table_schema,
+    )
 
     run = tmp_path / "run"
     m = run_extraction(models["gpt2"], corpus, run, shard_positions=200, **QUIET)
     shard = m["shards"][0]
     pf = pq.ParquetFile(run / shard["positions"])
-    assert pf.schema_arrow.metadata[b"fullece.schema_version"] == b"2"
+    assert pf.schema_arrow.metadata[b"fullece.schema_version"] == b"3"
     assert pf.schema_arrow.field("sum_p2").type == "double"
-    v2 = metrics_for_run(run, [10, 100])
-    # rewrite every shard as positions v1, as an older fullece wrote it
-    for s in m["shards"]:
-        path = run / s["positions"]
-        table = pq.read_table(path).drop_columns(["sum_p2"]).cast(POSITIONS_V1)
-        pq.write_table(table, path)
-        s["files"][s["positions"]] = path_sha256(path)
-    save_manifest(run, m)
-    shutil.rmtree(run / "tables", ignore_errors=True)
-    assert find_problems(run, first_only=False) == []
-    v1 = metrics_for_run(run, [10, 100])
-    for a, b in zip(v1["bins"], v2["bins"], strict=True):
-        for key in ("ece", "cw_ece", "full_ece"):
-            assert a[key] == b[key], key
-    bad = POSITIONS_V1.with_metadata({"fullece.table": "positions", "fullece.schema_version": "3"})
-    with pytest.raises(SchemaVersionError, match="positions schema version 3"):
+    paths = [pf.schema.column(i).path for i in range(len(pf.schema))]
+    for name in ("kept_ids", "kept_probs"):
+        assert not pf.schema_arrow.field(name).type.value_field.nullable
+        column = pf.schema.column(paths.index(f"{name}.list.element"))
+        assert column.max_definition_level == 1  # Parquet: the element is required
+    v3 = metrics_for_run(run, [10, 100])
+    tables = {p.name: p.read_bytes() for p in (run / "tables").glob("*.parquet")}
+
+    def rewrite(transform):
+        for s in m["shards"]:
+            path = run / s["positions"]
+            pq.write_table(transform(pq.read_table(path)), path)
+            s["files"][s["positions"]] = path_sha256(path)
+        save_manifest(run, m)
+        shutil.rmtree(run / "tables", ignore_errors=True)
+        assert find_problems(run, first_only=False) == []
+        return metrics_for_run(run, [10, 100])
+
+    older = {
+        2: rewrite(lambda t: t.cast(POSITIONS_V2)),
+        1: rewrite(lambda t: t.drop_columns(["sum_p2"]).cast(POSITIONS_V1)),
+    }
+    assert pq.read_schema(run / shard["positions"]).field("kept_ids").type.value_field.nullable
+    for version, got in older.items():
+        for a, b in zip(got["bins"], v3["bins"], strict=True):
+            for key in ("ece", "cw_ece", "full_ece"):
+                assert a[key] == b[key], (version, key)
+    assert {p.name: p.read_bytes() for p in (run / "tables").glob("*.parquet")} == tables
+    bad = POSITIONS_V1.with_metadata({"fullece.table": "positions", "fullece.schema_version": "4"})
+    with pytest.raises(SchemaVersionError, match="positions schema version 4"):
         check_table_schema(bad, "positions", "x.parquet")
     with pytest.raises(ValueError, match="missing column.*sum_p2"):
         check_table_schema(
             POSITIONS_V1.with_metadata({b"fullece.schema_version": b"2"}), "positions", "x"
         )
+    with pytest.raises(ValueError, match="'kept_ids' has type list<item: int32>, expected"):
+        check_table_schema(
+            POSITIONS_V2.with_metadata({b"fullece.schema_version": b"3"}), "positions", "x"
+        )
+    # unstamped: the newest layout whose columns and types it has
+    for schema in (POSITIONS_V1, POSITIONS_V2, POSITIONS):
+        check_table_schema(schema.remove_metadata(), "positions", "x")
 
 
 def test_batched_matches_unbatched(models, corpus, tmp_path):

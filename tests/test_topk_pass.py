@@ -51,9 +51,9 @@ def _rewrite_kept(pos, row, column, value):
     t = pq.read_table(pos)
     lists = t.column(column).to_pylist()
     lists[row][0] = value
-    kind = pa.int32() if column == "kept_ids" else pa.float32()
-    t = t.set_column(t.schema.get_field_index(column), column, pa.array(lists, pa.list_(kind)))
-    pq.write_table(t.cast(t.schema), pos)
+    field = t.schema.field(column)  # as written (positions v3: elements non-null)
+    t = t.set_column(t.schema.get_field_index(column), field, pa.array(lists, field.type))
+    pq.write_table(t, pos)
 
 
 @pytest.mark.parametrize(
@@ -115,10 +115,9 @@ def test_label_kept_twice_is_refused(tmp_path, map_path, case):
     label = t.column("label")[0].as_py()
     other = next(j for j, c in enumerate(ids[0]) if c != label)
     ids[0][other] = label
-    t = t.set_column(
-        t.schema.get_field_index("kept_ids"), "kept_ids", pa.array(ids, pa.list_(pa.int32()))
-    )
-    pq.write_table(t.cast(t.schema), pos)
+    field = t.schema.field("kept_ids")
+    t = t.set_column(t.schema.get_field_index("kept_ids"), field, pa.array(ids, field.type))
+    pq.write_table(t, pos)
     _reseal(run)
     with pytest.raises(AggregateError, match=r"positions-00000\.parquet: .*label"):
         aggregate([run])

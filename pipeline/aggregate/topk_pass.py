@@ -145,7 +145,9 @@ def warm_up(fine_bins: int, rows: int = 1000) -> None:
         state = TopkShardPass(vocab_size=2, fine_bins=fine_bins)
         offsets = numpy_arrow(np.arange(0, 2 * rows + 1, 2), pa.int32())
         arrays = [
-            pa.ListArray.from_arrays(offsets, numpy_arrow(columns[f.name], f.type.value_type))
+            pa.ListArray.from_arrays(
+                offsets, numpy_arrow(columns[f.name], f.type.value_type), type=f.type
+            )
             if pa.types.is_list(f.type)
             else numpy_arrow(columns[f.name], f.type)
             for f in POSITIONS

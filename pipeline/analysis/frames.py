@@ -1,7 +1,8 @@
 """A run's bin tables and positions as Polars LazyFrames, for notebook analysis.
 
 Nothing is read until a query is collected (``pl.scan_parquet``). Columns are
-those of docs/design.md ("The bin tables") and ``schemas/positions.v1.json``.
+those of docs/design.md ("The bin tables") and ``schemas/positions.v3.json``
+(a v1 run: without ``sum_p2``).
 Polars sums float32 in float32: cast float32 columns (``label_prob``,
 ``top1_prob``, ``kept_probs``, ``tail_max``, ``entropy``) to ``pl.Float64``
 before summing them. The bin tables' masses are float64 already.

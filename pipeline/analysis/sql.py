@@ -158,14 +158,31 @@ def _run_rows(run_dir: Path, tables_dir: Path) -> tuple[dict, dict]:
     return mrow, trow
 
 
-def _dataset(paths):
-    """A pyarrow dataset over Parquet files that verifies page checksums as it reads."""
+def _dataset(paths, schema=None):
+    """A pyarrow dataset over Parquet files that verifies page checksums as it
+    reads (`schema`: read as that, a column the files lack null)."""
     import pyarrow.dataset as ds
 
     fmt = ds.ParquetFileFormat(
         default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True)
     )
-    return ds.dataset([str(p) for p in paths], format=fmt)
+    return ds.dataset([str(p) for p in paths], schema=schema, format=fmt)
+
+
+def positions_view_schema():
+    """The positions view's columns: every version's (docs/design.md), so runs
+    of any positions version query as one: the kept lists' elements nullable
+    (as v1 and v2 declare them; v3's never hold a null), a column newer than
+    a run's version (v1: sum_p2) null there."""
+    import pyarrow as pa
+
+    from pipeline.store.schema import POSITIONS, POSITIONS_V1, POSITIONS_V2
+
+    oldest = set(POSITIONS_V1.names)
+    return pa.schema(
+        [f if f.name in oldest else f.with_nullable(True) for f in POSITIONS_V2],
+        metadata=POSITIONS.metadata,
+    )
 
 
 def _labelled(con, label: str, data):
@@ -233,10 +250,10 @@ def connect(run_dirs, *, quiet: bool = True, partial: bool = False):
     """
     from pipeline.aggregate import ensure_tables, open_run
     from pipeline.store.run import check_shard, require_complete
-    from pipeline.store.schema import POSITIONS
     from pipeline.store.tailbounds import class_tail_known
 
     con = sandboxed_connection()
+    positions = positions_view_schema()
     try:
         mrows, trows, per_table = [], [], {n: [] for n in TABLE_VIEWS}
         pos_parts, tail_parts, labels = [], [], {}
@@ -260,13 +277,13 @@ def connect(run_dirs, *, quiet: bool = True, partial: bool = False):
                 per_table[name].append((label, _dataset([tables_dir / f"{name}.parquet"])))
             for shard in run.shards:
                 check_shard(shard)
-                pos_parts.append((label, _dataset([shard.path("positions")])))
+                pos_parts.append((label, _dataset([shard.path("positions")], positions)))
             tails = [s.path("class_tail") for s in run.shards if s.entry.get("class_tail")]
             if tails and not class_tail_known(run.manifest):
                 tail = con.from_arrow(_dataset(tails))
                 tail_parts.append((label, tail.aggregate(_TAIL_BOUNDS_AGGREGATE, "class_id")))
         if not pos_parts:  # a partial run may hold no shard yet
-            pos_parts.append((trows[0]["run"], POSITIONS.empty_table()))
+            pos_parts.append((trows[0]["run"], positions.empty_table()))
         for name, parts in (*per_table.items(), ("positions", pos_parts)):
             _create_view(con, name, [_labelled(con, label, data) for label, data in parts])
         if tail_parts:

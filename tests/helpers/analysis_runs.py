@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.store.hashes import path_sha256
-from pipeline.store.schema import CLASS_TAIL, POSITIONS, POSITIONS_V1
+from pipeline.store.schema import CLASS_TAIL, POSITIONS, POSITIONS_V1, POSITIONS_V2
 
 MANIFEST_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "manifest.v1.schema.json"
 
@@ -92,11 +92,12 @@ def kept_mask(probs: np.ndarray, labels: np.ndarray, k: int, tau: float | None) 
 
 
 def positions_table(
-    case: DenseCase, rows: slice, k: int, tau: float | None, positions_version: int = 2
+    case: DenseCase, rows: slice, k: int, tau: float | None, positions_version: int = 3
 ):
     """(positions pa.Table, class tail_count [K], class tail_mass [K]) of some rows.
 
-    positions_version 2 carries sum_p2; 1 is the older layout without it."""
+    positions_version 3 (the newest) carries sum_p2 and non-null kept elements;
+    2 the same columns, elements nullable; 1 the older layout without sum_p2."""
     P = case.probs[rows]
     y = case.labels[rows]
     n, K = P.shape
@@ -129,6 +130,8 @@ def positions_table(
             "sum_p2": pa.array(np.square(P.astype(np.float64)).sum(axis=1)),
         }
     ).cast(POSITIONS)
+    if positions_version == 2:
+        table = table.cast(POSITIONS_V2)
     if positions_version == 1:
         table = table.drop_columns(["sum_p2"]).cast(POSITIONS_V1)
     class_count = (~mask).sum(axis=0).astype(np.int64)
@@ -146,7 +149,7 @@ def write_run(
     shard_rows: int = 100,
     label: str | None = None,
     zarr_chunk_rows: int = 32,
-    positions_version: int = 2,
+    positions_version: int = 3,
 ) -> dict:
     """Write a run directory (manifest + shards) holding `case`; returns the manifest."""
     run_dir = Path(run_dir)
