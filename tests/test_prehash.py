@@ -193,6 +193,41 @@ def test_the_aggregate_command_starts_no_blas_threads(tmp_path, user_value):
     assert out.stdout.strip().splitlines()[-1] == f"True {user_value or '1'}", out.stderr
 
 
+def test_the_aggregate_command_imports_without_the_garbage_collector(tmp_path):
+    """`aggregate` imports numpy, pyarrow and the stage with the cyclic garbage
+    collector off (no collection runs during them), then freezes what they made
+    and turns it back on; a second command in the process changes nothing."""
+    code = (
+        "import gc, sys\n"
+        "from pipeline.cli import main\n"
+        "runs = []\n"
+        "gc.callbacks.append(lambda phase, info: phase == 'start' and runs.append("
+        "sorted(m for m in ('numpy', 'pyarrow', 'pipeline.aggregate.shard_map') if m in sys.modules)))\n"
+        "before = len(runs)\n"
+        f"sys.argv = ['fullece', 'aggregate', {str(tmp_path / 'missing')!r}, '--quiet']\n"
+        "for _ in range(2):\n"
+        "    try:\n"
+        "        main()\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "    print(gc.isenabled(), gc.get_freeze_count() > 0)\n"
+        "print('pipeline.aggregate.shard_map' in sys.modules)\n"
+        "print(all(r == [] or r == ['numpy', 'pipeline.aggregate.shard_map', 'pyarrow'] for r in runs))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.split() == ["True"] * 6, out.stdout + out.stderr
+    # and the same imports with the collector on do run it
+    code = (
+        "import gc\n"
+        "runs = []\n"
+        "gc.callbacks.append(lambda phase, info: phase == 'start' and runs.append(1))\n"
+        "import pipeline.aggregate\n"
+        "print(len(runs) > 0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.split() == ["True"], out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("extra", [None, -1, 0, 1, 5])
 def test_a_file_hashes_to_the_sha256_of_its_bytes_at_every_block_edge(tmp_path, extra):
     """file_sha256 reads into one reused block: files of no byte, one block

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.common import FinishingCommand, resumable, shards_text
+from pipeline.cli.common import FinishingCommand, imports_without_gc, resumable, shards_text
 from pipeline.defaults import (
     DEFAULT_FINE_BINS,
     DEFAULT_MEMORY_LIMIT,
@@ -91,7 +91,8 @@ def aggregate_command(run_dirs, out, fine_bins, memory_limit, quiet, allow_mixed
     # the first shards (one a core) are hashed (verified) while numpy and pyarrow
     # import, on the other core; then the aggregation (pipeline.aggregate) is imported
     prehash_first_shards(run_dirs)
-    from pipeline.aggregate import aggregate
+    with imports_without_gc("pipeline.aggregate"):
+        from pipeline.aggregate import aggregate
 
     shards = shards_text(run_dirs)
     notice(

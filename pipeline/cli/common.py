@@ -96,6 +96,29 @@ def resumable(how):
         raise Interrupted(f"interrupted; {words}: {rerun_command(drop=tuple(drop))}") from None
 
 
+@contextmanager
+def imports_without_gc(module: str):
+    """Import `module` (a command's libraries) with the cyclic garbage collector
+    off, then move what the imports created out of its reach (``gc.freeze``)
+    and turn it back on. Imports allocate objects by the hundred thousand and
+    cycles by the few: on `aggregate`'s imports (numpy, pyarrow, the stage) the
+    collector ran about 45 times for 6-8 ms, all of it on the serial start of the
+    process (docs/performance.md), and later collections no longer walk the
+    modules. Nothing is done when `module` is imported already (a second
+    command in one process): its objects would be frozen with the caller's."""
+    import gc
+
+    if module in sys.modules or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
 def shards_text(run_dirs) -> str:
     """'3 shards (12.3 MB)' of the runs' manifests, for a notice ('' when unreadable:
     the command itself then says what is wrong)."""
