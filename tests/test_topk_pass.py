@@ -241,12 +241,15 @@ def test_grouping_through_every_growth_path(tmp_path, monkeypatch, kernels):
 
 def test_a_one_shard_runs_tables_are_its_part_files(tmp_path, case):
     """A run of one shard: its part files are written as the tables are, and
-    the tables are their bytes, copied: the same bytes the tables' encoder
-    writes (also when the part is reused). Several shards: lz4 part files,
-    the tables encoded from their sum."""
+    the tables are those files, hard links to them: the same bytes the
+    tables' encoder writes (also when the part is reused), and meta.json
+    records the sha256 the part's seal recorded, which is the files'.
+    Several shards: lz4 part files, the tables encoded from their sum."""
     import json
+    import os
 
     from pipeline.store import tablestore
+    from pipeline.store.hashes import path_sha256
     from pipeline.store.tablestore import TABLE_NAMES, verify_tables
 
     run = tmp_path / "one"
@@ -258,10 +261,15 @@ def test_a_one_shard_runs_tables_are_its_part_files(tmp_path, case):
             (run / "tables" / "meta.json").unlink()
         aggregate([run])
         part = run / "tables" / "parts" / "00000"
-        assert json.loads((part / "part.json").read_text())["as_tables"] is True
+        sealed = json.loads((part / "part.json").read_text())
+        assert sealed["as_tables"] is True
+        recorded = json.loads((run / "tables" / "meta.json").read_text())["files"]
         for name in TABLE_NAMES:
-            final = (run / "tables" / f"{name}.parquet").read_bytes()
+            path = run / "tables" / f"{name}.parquet"
+            final = path.read_bytes()
             assert final == (part / f"{name}.parquet").read_bytes(), name
+            assert os.path.samefile(path, part / f"{name}.parquet"), name
+            assert recorded[name] == sealed["files"][name] == path_sha256(path), name
             again = tmp_path / f"{name}-{reused}.parquet"
             tablestore.write_table_file(pq.read_table(run / "tables" / f"{name}.parquet"), again)
             assert again.read_bytes() == final, name  # what encoding the table writes

@@ -98,8 +98,9 @@ def _reduce(
         con = con or _connect(duckdb_memory_limit(memory_limit), temp_dir)
         return con
 
+    known = {}  # tables whose files are a sealed part's, by name: its sha256
     if reduce_engine(rows, memory_limit) == "memory":
-        _reduce_in_memory(parts, out, k, fine_bins, positions, tail_max, kept)
+        known = _reduce_in_memory(parts, out, k, fine_bins, positions, tail_max, kept)
     else:
         if kept is not None:
             kept.drop()  # DuckDB reads the part files; free the memory for it
@@ -130,7 +131,7 @@ def _reduce(
     )
     meta["runs"] = [_run_record(run, out) for run in runs]
     meta.update(tail_meta)
-    tablestore.write_meta(out, meta)  # last: marks the tables complete
+    tablestore.write_meta(out, meta, known)  # last: marks the tables complete
     return tablestore.read_meta(out)
 
 
@@ -180,10 +181,14 @@ def _read_part(path: Path) -> pa.Table:
         return file.read()
 
 
-def _reduce_in_memory(parts, out: Path, k: int, fine_bins: int, positions, tail_max, kept):
+def _reduce_in_memory(
+    parts, out: Path, k: int, fine_bins: int, positions, tail_max, kept
+) -> dict[str, str]:
     """The metric core's merge of the partial tables: class_bins and seq_bins
     each summed and written by a thread of its own (numpy sorts and sums and
-    pyarrow encodes without the GIL), tokens and top1_bins meanwhile here."""
+    pyarrow encodes without the GIL), tokens and top1_bins meanwhile here.
+    Returns {table name: sha256} of the tables whose file is a lone sealed
+    part's (a hard link to it, or a copy), from the part's record."""
     from concurrent.futures import ThreadPoolExecutor
 
     from pipeline.core.tables import BinTables, sparse_sum_arrow
@@ -194,8 +199,10 @@ def _reduce_in_memory(parts, out: Path, k: int, fine_bins: int, positions, tail_
 
     loaded = [part_tables(part_dir) for _, _, part_dir, _ in parts]
     # one part written as the tables are: a table equal to its part table is
-    # that file's bytes, copied (no second encode)
+    # that file's bytes, linked (no second encode, nor hash: the seal's digest)
     lone = parts[0][2] if len(parts) == 1 and parts[0][3].get(PART_AS_TABLES) else None
+    sealed = parts[0][3].get("files") or {} if lone is not None else {}
+    known = {}
 
     def summed(name):
         return pa.concat_tables([t[name] for t in loaded])
@@ -208,6 +215,8 @@ def _reduce_in_memory(parts, out: Path, k: int, fine_bins: int, positions, tail_
         )
         source = lone / f"{name}.parquet" if same else None
         tablestore.write_table_file(table, out / f"{name}.parquet", same_as=source)
+        if same and sealed.get(name):
+            known[name] = sealed[name]
 
     def sparse(name):
         write(sparse_sum_arrow([t[name] for t in loaded], name, fine_bins, k), name)
@@ -230,6 +239,7 @@ def _reduce_in_memory(parts, out: Path, k: int, fine_bins: int, positions, tail_
             write(dense[name], name)
         for future in futures:
             future.result()
+    return known
 
 
 def _run_record(run: Run, tables_dir: Path) -> dict:

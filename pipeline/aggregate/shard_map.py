@@ -230,10 +230,12 @@ def _aggregate_topk_shard(
     as_tables = kept is not None and kept.parts == 1
     with atomic.atomic_path(part_dir) as tmp:
         tmp.mkdir()
-        tablestore.write_part_tables(tmp, tables, as_tables=as_tables)
+        files = tablestore.write_part_tables(tmp, tables, as_tables=as_tables)
         meta = _part_meta(shard, fine_bins, positions=shard.rows, tail_max=state.tail_max)
         if as_tables:
             meta[PART_AS_TABLES] = True
+        # sealed as written: the files' sha256, taken by the threads that wrote them
+        meta["files"] = files
         atomic.write_json(tmp / PART_META, meta)
     if kept is not None:
         kept.offer(part_dir, tables)
@@ -306,8 +308,9 @@ def _aggregate_full_shard(
     arrow = tables.to_arrow()
     with atomic.atomic_path(part_dir) as tmp:
         tmp.mkdir()
-        tablestore.write_part_tables(tmp, arrow)
+        files = tablestore.write_part_tables(tmp, arrow)
         meta = _part_meta(shard, fine_bins, positions=tables.positions, tail_max=tables.tail_max)
+        meta["files"] = files  # sealed as written
         atomic.write_json(tmp / PART_META, meta)
     return meta
 
@@ -348,7 +351,10 @@ def _part_checksums(part_dir: Path) -> dict:
 
 
 def _seal_part(part_dir: Path, meta: dict) -> dict:
-    """Record the sha256 of a freshly written part's files in its part.json."""
+    """Record the sha256 of a freshly written part's files in its part.json
+    (a part whose writer recorded them already is sealed as it is)."""
+    if meta.get("files"):
+        return meta
     meta = dict(meta, files=_part_checksums(part_dir))
     atomic.write_json(part_dir / PART_META, meta)
     return meta

@@ -413,9 +413,11 @@ def sparse_table_as_is(
         return None
     table = tables[0].combine_chunks()  # one chunk per column, as the merge writes (no copy if so)
     entity = TABLE_FIELDS[name][0].name
-    ids = column_numpy(table.column(entity)).astype(np.int64, copy=False)
-    bins = column_numpy(table.column("bin"))
-    keys = ids * (fine_bins + 1) + bins
+    # read-only views of the key columns (nothing here writes them)
+    ids = column_numpy(table.column(entity), copy=False).astype(np.int64, copy=False)
+    bins = column_numpy(table.column("bin"), copy=False)
+    keys = ids * (fine_bins + 1)
+    keys += bins
     if not bool(np.all(keys[1:] > keys[:-1])):
         return None
     _check_sparse(SparseBins(ids, bins, {}), name, fine_bins, vocab_size)

@@ -13,6 +13,7 @@ written is refused, never used.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from pipeline.core.tables import BinTables
 from pipeline.defaults import __version__
 from pipeline.errors import FulleceError
 from pipeline.store import atomic
-from pipeline.store.hashes import cached_sha256, settled
+from pipeline.store.hashes import cached_sha256, file_sha256, settled
 from pipeline.store.manifest import MANIFEST_NAME
 from pipeline.store.schema import (
     BIN_TABLE_NAMES,
@@ -103,11 +104,16 @@ def parquet_writer(path, schema: pa.Schema) -> pq.ParquetWriter:
 def write_table_file(table: pa.Table, path, same_as=None) -> None:
     """Write one bin table atomically through :func:`parquet_writer`;
     `same_as`: a file :func:`parquet_writer` wrote from an equal table (a
-    one-shard run's part), whose bytes are copied instead (the same bytes:
+    one-shard run's part), whose bytes become the table's instead: a hard
+    link to it (no byte written or read; every writer replaces a file by
+    renaming a new one over it, never in place), else a copy (the same bytes:
     tests compare them)."""
     with atomic.atomic_path(path) as tmp:
         if same_as is not None:
-            shutil.copyfile(same_as, tmp)
+            try:
+                os.link(same_as, tmp)
+            except OSError:  # no hard links here (another file system, FAT, ...)
+                shutil.copyfile(same_as, tmp)
             return
         with parquet_writer(tmp, table.schema) as writer:
             writer.write_table(table)
@@ -115,29 +121,45 @@ def write_table_file(table: pa.Table, path, same_as=None) -> None:
 
 def write_part_tables(
     directory: Path, tables: dict[str, pa.Table], *, as_tables: bool = False
-) -> None:
+) -> dict[str, str]:
     """Write one shard's partial bin tables (``parts/``, a cache of the map
     step) into `directory`, the caller's atomic temporary: each as the schema
     of its table, lz4 and no statistics, since a partial table is read once, by
     the reduce: fast to write beats small. `as_tables`: written as the tables
     are (:func:`parquet_writer`) instead, for a run of one shard, whose tables
-    are its part's: the reduce then copies these files (same bytes) instead of
-    encoding the same tables again."""
-    for name in TABLE_NAMES:
+    are its part's: the reduce then links these files (same bytes) instead of
+    encoding the same tables again; seq_bins (most of the bytes) is then
+    written on a thread of its own beside the other three, since nothing else
+    runs at this point of a one-shard run. Returns {table name: sha256} of the
+    files written, each hashed by the thread that wrote it, just after."""
+
+    def write(name: str) -> str:
+        path = Path(directory) / f"{name}.parquet"
         schema, table = TABLE_SCHEMAS[name], tables[name]
         table = table if table.schema == schema else table.cast(schema)
         if as_tables:
-            with parquet_writer(Path(directory) / f"{name}.parquet", schema) as writer:
+            with parquet_writer(path, schema) as writer:
                 writer.write_table(table)
-            continue
-        pq.write_table(
-            table,
-            str(Path(directory) / f"{name}.parquet"),
-            compression="lz4",
-            use_dictionary=False,
-            column_encoding=column_encodings(schema),
-            write_statistics=False,
-        )
+        else:
+            pq.write_table(
+                table,
+                str(path),
+                compression="lz4",
+                use_dictionary=False,
+                column_encoding=column_encodings(schema),
+                write_statistics=False,
+            )
+        return file_sha256(path)
+
+    if not as_tables:
+        return {name: write(name) for name in TABLE_NAMES}
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="part-writer") as pool:
+        apart = pool.submit(write, "seq_bins")
+        digests = {name: write(name) for name in TABLE_NAMES if name != "seq_bins"}
+        digests["seq_bins"] = apart.result()
+    return {name: digests[name] for name in TABLE_NAMES}
 
 
 def read_table_file(path, columns=None) -> pa.Table:
@@ -155,19 +177,26 @@ def table_checksums(directory) -> dict[str, str]:
     return {name: cached_sha256(Path(directory) / f"{name}.parquet") for name in TABLE_NAMES}
 
 
-def _meta_checksums(directory: Path, meta: dict) -> dict[str, str]:
-    """The four tables' sha256, plus tail_bounds.parquet's when the tables have one."""
-    files = table_checksums(directory)
+def _meta_checksums(directory: Path, meta: dict, known: dict | None = None) -> dict[str, str]:
+    """The four tables' sha256, plus tail_bounds.parquet's when the tables have
+    one; `known`: {table name: sha256} of files whose digest the caller holds."""
+    known = known or {}
+    files = {
+        name: known.get(name) or cached_sha256(Path(directory) / f"{name}.parquet")
+        for name in TABLE_NAMES
+    }
     if meta.get("class_tail_known", True) is False:
         files[TAIL_BOUNDS_KEY] = cached_sha256(directory / TAIL_BOUNDS_NAME)
     return files
 
 
-def write_meta(directory, meta: dict) -> None:
+def write_meta(directory, meta: dict, known: dict | None = None) -> None:
     """Write meta.json with the checksums of the table files now in `directory`
-    (last: it marks the tables complete)."""
+    (last: it marks the tables complete). `known`: {table name: sha256} of
+    table files that are hard links to (or copies of) files of those digests
+    (a one-shard run's sealed part), not hashed again."""
     meta = dict(meta)
-    meta["files"] = _meta_checksums(Path(directory), meta)
+    meta["files"] = _meta_checksums(Path(directory), meta, known)
     atomic.write_json(Path(directory) / META_NAME, meta)
 
 
