@@ -25,8 +25,8 @@ from pipeline.errors import FulleceError
 SUPPORTED_VERSIONS = (1,)
 # The positions table has its own version: v2 adds `sum_p2`; v3 declares the
 # kept lists' elements non-null (they never held a null: the values and their
-# meaning are v2's), which pyarrow decodes about a quarter faster (no
-# definition levels to turn into a validity bitmap; docs/performance.md). Runs
+# meaning are v2's), which pyarrow decodes with 17-27% less CPU (no validity
+# bitmap to build from definition levels; docs/performance.md). Runs
 # written before (v1, v2) still open everywhere; writers write the newest they
 # can (an import without Σp² per position writes v1).
 POSITIONS_VERSION = 3
