@@ -482,12 +482,11 @@ def group_stats(run_dir: Path, fine_bins: int = DEFAULT_FINE_BINS_) -> dict:
     from pipeline.store.schema import table_version
 
     _, (groups, entries, _) = _duckdb_query(_group_by_sql(run_dir, fine_bins))
-    positions = json.loads((run_dir / "manifest.json").read_text())["positions"]
-    shard = open_run(run_dir).shards[0]
+    run = open_run(run_dir)
     return {
         # v3 declares the kept lists' elements non-null: pyarrow decodes them faster
-        "positions_version": table_version(pq.read_schema(shard.path("positions"))),
-        "positions": positions,
+        "positions_version": table_version(pq.read_schema(run.shards[0].path("positions"))),
+        "positions": run.manifest["positions"],
         "kept_entries": int(entries),
         "distinct_groups": int(groups),
         "groups_per_kept_entry": groups / entries,

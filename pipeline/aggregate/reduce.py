@@ -98,7 +98,7 @@ def _reduce(
         con = con or _connect(duckdb_memory_limit(memory_limit), temp_dir)
         return con
 
-    known = {}  # tables whose files are a sealed part's, by name: its sha256
+    known = {}  # tables whose files are a lone part's, by name: the sha256 its writer took
     if reduce_engine(rows, memory_limit) == "memory":
         known = _reduce_in_memory(parts, out, k, fine_bins, positions, tail_max, kept)
     else:
@@ -187,7 +187,7 @@ def _reduce_in_memory(
     """The metric core's merge of the partial tables: class_bins and seq_bins
     each summed and written by a thread of its own (numpy sorts and sums and
     pyarrow encodes without the GIL), tokens and top1_bins meanwhile here.
-    Returns {table name: sha256} of the tables whose file is a lone sealed
+    Returns {table name: sha256} of the tables whose file is a lone
     part's (a hard link to it, or a copy), from the part's record."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -199,7 +199,7 @@ def _reduce_in_memory(
 
     loaded = [part_tables(part_dir) for _, _, part_dir, _ in parts]
     # one part written as the tables are: a table equal to its part table is
-    # that file's bytes, linked (no second encode, nor hash: the seal's digest)
+    # that file's bytes, linked (no second encode, nor hash: its writer's digest)
     lone = parts[0][2] if len(parts) == 1 and parts[0][3].get(PART_AS_TABLES) else None
     sealed = parts[0][3].get("files") or {} if lone is not None else {}
     known = {}

@@ -350,16 +350,6 @@ def _part_checksums(part_dir: Path) -> dict:
     return tablestore.table_checksums(part_dir)
 
 
-def _seal_part(part_dir: Path, meta: dict) -> dict:
-    """Record the sha256 of a freshly written part's files in its part.json
-    (a part whose writer recorded them already is sealed as it is)."""
-    if meta.get("files"):
-        return meta
-    meta = dict(meta, files=_part_checksums(part_dir))
-    atomic.write_json(part_dir / PART_META, meta)
-    return meta
-
-
 def _progress(total: int, desc: str, enabled: bool):
     from pipeline.progress import progress_bar
 
@@ -466,8 +456,9 @@ def build_parts(
     with _progress(total, "aggregate", progress) as bar:
         for _run, shard, part_dir in todo:
             if shard.store != "topk":
-                meta = _aggregate_full_shard(shard, part_dir, fine_bins, bar, dense_scores)
-                metas[part_dir] = _seal_part(part_dir, meta)
+                metas[part_dir] = _aggregate_full_shard(
+                    shard, part_dir, fine_bins, bar, dense_scores
+                )
         metas.update(_map_topk_shards(topk, fine_bins, bar, workers, kept, small, first, scores))
     done.extend((run, shard, part_dir, metas[part_dir]) for run, shard, part_dir in todo)
     return done, len(todo)
@@ -512,7 +503,7 @@ def _map_topk_one(
     first=None,
     scores=None,
 ) -> dict:
-    meta = _aggregate_topk_shard(
+    return _aggregate_topk_shard(
         None,
         shard,
         part_dir,
@@ -524,7 +515,6 @@ def _map_topk_one(
         first=first,
         scores=scores,
     )
-    return _seal_part(part_dir, meta)
 
 
 def _map_topk_shards(
