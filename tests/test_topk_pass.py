@@ -285,6 +285,58 @@ def test_a_one_shard_runs_tables_are_its_part_files(tmp_path, case):
         assert codec.compression == "LZ4"
 
 
+def test_a_one_shard_runs_seq_bins_is_encoded_beside_the_rest(tmp_path, case, monkeypatch):
+    """A run of one shard: seq_bins is begun (built and encoded on a thread of
+    its own) before the shard's checks and the other tables, which leave it
+    out; its bytes are then the part's file. Several shards: not so (each
+    part's tables are built and written together, lz4)."""
+    import threading
+
+    from pipeline.aggregate import shard_map, topk_pass, topk_small
+    from pipeline.store import tablestore
+
+    events = []
+    soon, encode = tablestore.encode_table_soon, tablestore.EncodedTable.__init__
+
+    def record_soon(name, columns):
+        events.append(("begun", name))
+        return soon(name, columns)
+
+    def record_encode(self, table):
+        events.append(("encoded on", threading.current_thread().name))
+        encode(self, table)
+
+    def recorded(tables):
+        def record_tables(state, **kw):
+            events.append(("tables", kw.get("seq_bins", True)))
+            return tables(state, **kw)
+
+        return record_tables
+
+    monkeypatch.setattr(tablestore, "encode_table_soon", record_soon)
+    monkeypatch.setattr(tablestore.EncodedTable, "__init__", record_encode)
+    for kind in (topk_pass.TopkShardPass, topk_small.SmallTopkShardPass):  # C/numba, numpy
+        monkeypatch.setattr(kind, "tables", recorded(kind.tables))
+    read_tail = shard_map.read_class_tail
+    monkeypatch.setattr(
+        shard_map,
+        "read_class_tail",
+        lambda *a, **kw: events.append(("class tails read",)) or read_tail(*a, **kw),
+    )
+    one = tmp_path / "one"
+    write_run(one, case, k=4, shard_rows=1000)
+    aggregate([one])
+    assert events[0] == ("begun", "seq_bins")  # before the checks and the other tables
+    assert events.index(("class tails read",)) < events.index(("tables", False))
+    assert ("tables", True) not in events
+    assert ("encoded on", "encode-seq_bins_0") in events
+    events.clear()
+    several = tmp_path / "several"
+    write_run(several, case, k=4, shard_rows=45)
+    aggregate([several])
+    assert sorted(events) == [("class tails read",)] * 5 + [("tables", True)] * 5  # threads
+
+
 @pytest.mark.parametrize("shard_rows", [45, 1000])  # 5 shards; 1 (its tables written as they are)
 def test_reduce_in_memory_equals_duckdb(tmp_path, case, monkeypatch, shard_rows):
     """The in-memory reduce (BinTables) and the spilling DuckDB reduce, used past
@@ -516,8 +568,8 @@ def test_seq_rows_sized_from_the_shard_never_grow(tmp_path, monkeypatch):
     monkeypatch.setattr(
         topk_pass.TopkShardPass,
         "tables",
-        lambda state: (
-            sizes.append((state._seq_rows.shape[1], int(state._seq_n[0]))) or tables_of(state)
+        lambda state, **kw: (
+            sizes.append((state._seq_rows.shape[1], int(state._seq_n[0]))) or tables_of(state, **kw)
         ),
     )
     case = dense_case(300, 200, seed=3, docs=4)

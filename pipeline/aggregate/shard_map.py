@@ -192,6 +192,17 @@ def _aggregate_topk_shard(
             scores.feed(shard, None)
     except KeptEntryError as err:
         raise AggregateError(f"{pos_path}: row {err.row}: {err} (shard fails validation)") from err
+    # a run of one shard: its part is its tables, written as the tables are
+    # (the reduce links the files instead of encoding the tables twice); its
+    # seq_bins (most of the bytes) is final now and nothing else runs, so it is
+    # encoded on a thread of its own meanwhile the checks below and the other
+    # tables run (docs/performance.md)
+    as_tables = kept is not None and kept.parts == 1
+    encoded = (
+        {"seq_bins": tablestore.encode_table_soon("seq_bins", state.seq_bins_later())}
+        if as_tables
+        else None
+    )
     if state.label_rows_missing:
         raise AggregateError(
             f"{pos_path}: {state.label_rows_missing} position(s) lack their label among the "
@@ -223,14 +234,12 @@ def _aggregate_topk_shard(
             f"{shard.rows * k} (shard fails validation)"
         )
     tables = {
-        name: numpy_table(columns, TABLE_SCHEMAS[name]) for name, columns in state.tables().items()
+        name: numpy_table(columns, TABLE_SCHEMAS[name])
+        for name, columns in state.tables(seq_bins=encoded is None).items()
     }
-    # a run of one shard: its part is its tables, written as the tables are
-    # (the reduce copies the files instead of encoding the tables twice)
-    as_tables = kept is not None and kept.parts == 1
     with atomic.atomic_path(part_dir) as tmp:
         tmp.mkdir()
-        files = tablestore.write_part_tables(tmp, tables, as_tables=as_tables)
+        files = tablestore.write_part_tables(tmp, tables, as_tables=as_tables, encoded=encoded)
         meta = _part_meta(shard, fine_bins, positions=shard.rows, tail_max=state.tail_max)
         if as_tables:
             meta[PART_AS_TABLES] = True

@@ -225,6 +225,10 @@ def _seq_bins(rows: np.ndarray, stride: int) -> SparseBins:
     return SparseBins.from_parts(ids, keys % stride, values, stride)
 
 
+def _seq_bins_columns(seq: SparseBins) -> dict[str, np.ndarray]:
+    return {"seq_id": seq.ids, "bin": seq.bins, **seq.values}
+
+
 class KeptEntryError(FulleceError):
     """A kept entry the tables cannot hold (row index within the shard)."""
 
@@ -490,15 +494,24 @@ class TopkShardPass:
         """Kept + tail pairs seen (rows x K for a valid shard)."""
         return self.kept_entries + int(self.class_tail_n.sum())
 
-    def tables(self) -> dict[str, dict[str, np.ndarray]]:
+    def seq_bins_later(self):
+        """seq_bins' columns, final, as a function to call on any thread: call
+        it after the shard's last batch (its last document is closed here).
+        Nothing changes the seq rows after, so a caller may build and encode
+        seq_bins while the other tables are built (``tables(seq_bins=False)``)."""
+        _flush_document(self)
+        rows, stride = self._seq_rows[:, : int(self._seq_n[0])], self.fine_bins + 1
+        return lambda: _seq_bins_columns(_seq_bins(rows, stride))
+
+    def tables(self, *, seq_bins: bool = True) -> dict[str, dict[str, np.ndarray]]:
         """The four partial tables as columns, each sorted by its key (arrays
-        nothing else writes: seq_bins' are the seq rows' own). Call once, last:
-        the state's scratch goes to the next shard."""
+        nothing else writes: seq_bins' are the seq rows' own); without seq_bins
+        when `seq_bins` is false (the caller has it: :meth:`seq_bins_later`).
+        Call once, last: the state's scratch goes to the next shard."""
         _flush_document(self)
         self._group_buffer()
         _capacity_hint["class_region_bits"] = self._region_bits
         _capacity_hint["seq"] = self._seq_rows.shape[1]
-        stride = self.fine_bins + 1
         kernels = _kernels()
         # class_bins: bin-1 rows from the dense vectors, the rest from the table,
         # in (class, bin) order; the spent entry buffer is the sort's scratch
@@ -515,22 +528,22 @@ class TopkShardPass:
             self.vocab_size,
             self.fine_bins,
         )
-        seq_bins = _seq_bins(self._seq_rows[:, : int(self._seq_n[0])], stride)
+        seq = self.seq_bins_later()() if seq_bins else None
         _give_scratch({"class": self._class, "buffer": self._buffer})
         self._class = self._seq_rows = self._buffer = None
-        return self._table_columns((c_ids, c_bins, c_n, c_p, c_hits), p_mass, seq_bins)
+        return self._table_columns((c_ids, c_bins, c_n, c_p, c_hits), p_mass, seq)
 
-    def _table_columns(self, class_bins, p_mass, seq_bins: SparseBins) -> dict:
-        """The four partial tables from class_bins' columns (class_id, bin, n,
-        p_sum, hits in (class, bin) order), the class masses, seq_bins and the
-        dense per-class and top-1 sums."""
+    def _table_columns(self, class_bins, p_mass, seq_bins: dict | None) -> dict:
+        """The partial tables from class_bins' columns (class_id, bin, n,
+        p_sum, hits in (class, bin) order), the class masses, seq_bins' columns
+        (None: left out) and the dense per-class and top-1 sums."""
         c_ids, c_bins, c_n, c_p, c_hits = class_bins
         top1_rows = np.flatnonzero(self._top1_int[:, fmt.TOP1_N])
         # classes with any kept or tail pair, label or top-1 position
         has_pairs = np.zeros(self.vocab_size, bool)
         has_pairs[c_ids] = True
         tokens = np.flatnonzero(has_pairs | (self.label_count > 0) | (self.top1_count > 0))
-        return {
+        tables = {
             "class_bins": {
                 "class_id": c_ids,
                 "bin": c_bins,
@@ -550,5 +563,7 @@ class TopkShardPass:
                 "top1_count": self.top1_count[tokens],
                 "p_mass": p_mass[tokens],
             },
-            "seq_bins": {"seq_id": seq_bins.ids, "bin": seq_bins.bins, **seq_bins.values},
         }
+        if seq_bins is not None:
+            tables["seq_bins"] = seq_bins
+        return tables

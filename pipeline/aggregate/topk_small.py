@@ -22,7 +22,7 @@ import numpy as np
 
 from pipeline.aggregate import topk_format as fmt
 from pipeline.aggregate.topk_format import BatchRows, KernelCode, Rules
-from pipeline.aggregate.topk_pass import _DOC_LIMIT, TopkShardPass, _seq_bins
+from pipeline.aggregate.topk_pass import _DOC_LIMIT, TopkShardPass, _seq_bins, _seq_bins_columns
 from pipeline.core.tables import group_sum
 
 # Kept entries (all top-k shards of one `fullece aggregate` together) below
@@ -247,9 +247,15 @@ class SmallTopkShardPass(TopkShardPass):
         floats[fmt.SEQ_CONF_SUM] = sums["conf_sum"]
         return _seq_bins(rows, stride)
 
-    def tables(self) -> dict[str, dict[str, np.ndarray]]:
+    def seq_bins_later(self):
+        """TopkShardPass.seq_bins_later (everything is folded here, once)."""
         self._fold()
-        class_keys, class_sums, seq_bins = self._folded
+        seq = self._folded[2]
+        return lambda: _seq_bins_columns(seq)
+
+    def tables(self, *, seq_bins: bool = True) -> dict[str, dict[str, np.ndarray]]:
+        self._fold()
+        class_keys, class_sums, _ = self._folded
         stride = self.fine_bins + 1
         # bin-1 rows from the dense sums (tails included), then the grouped entries
         bin1_n = self.bin1_n + self.class_tail_n
@@ -268,4 +274,5 @@ class SmallTopkShardPass(TopkShardPass):
         )
         # a class's mass: its rows' p_sum in bin order, as the kernel adds them
         p_mass = np.bincount(ids, weights=p_sum, minlength=self.vocab_size)
-        return self._table_columns(class_bins, p_mass, seq_bins)
+        seq = self.seq_bins_later()() if seq_bins else None
+        return self._table_columns(class_bins, p_mass, seq)

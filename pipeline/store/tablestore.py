@@ -90,9 +90,10 @@ def parquet_writer(path, schema: pa.Schema) -> pq.ParquetWriter:
     """The one writer of bin-table Parquet files: zstd, with page checksums
     (CRC32, verified by every reader of this module), the encodings of
     :func:`column_encodings` and no dictionary pages (measured: smaller and
-    faster to write for every table, whose columns are mostly distinct sums)."""
+    faster to write for every table, whose columns are mostly distinct sums).
+    `path`: a file's path, or an open pyarrow stream (the same bytes)."""
     return pq.ParquetWriter(
-        str(path),
+        path if isinstance(path, pa.NativeFile) else str(path),
         schema,
         compression=PARQUET_COMPRESSION,
         write_page_checksum=True,
@@ -119,8 +120,47 @@ def write_table_file(table: pa.Table, path, same_as=None) -> None:
             writer.write_table(table)
 
 
+class EncodedTable:
+    """A bin table encoded as the tables are (:func:`parquet_writer`), in
+    memory: the table, its file's bytes and their sha256."""
+
+    def __init__(self, table: pa.Table):
+        import hashlib
+
+        self.table = table
+        sink = pa.BufferOutputStream()
+        with parquet_writer(sink, table.schema) as writer:
+            writer.write_table(table)
+        self.data = sink.getvalue()
+        self.sha256 = hashlib.sha256(self.data).hexdigest()
+
+    def write(self, path) -> str:
+        """Write the bytes to `path` (in the caller's atomic temporary); their sha256."""
+        with open(path, "wb") as f:
+            f.write(memoryview(self.data))
+        return self.sha256
+
+
+def encode_table_soon(name: str, columns):
+    """Begin building bin table `name` from `columns()` (its numpy columns by
+    name) and encoding it, on a thread of its own: a future of its
+    :class:`EncodedTable`, for :func:`write_part_tables`' `encoded`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeline.core.arrow_numpy import numpy_table
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix=f"encode-{name}")
+    future = pool.submit(lambda: EncodedTable(numpy_table(columns(), TABLE_SCHEMAS[name])))
+    pool.shutdown(wait=False)
+    return future
+
+
 def write_part_tables(
-    directory: Path, tables: dict[str, pa.Table], *, as_tables: bool = False
+    directory: Path,
+    tables: dict[str, pa.Table],
+    *,
+    as_tables: bool = False,
+    encoded: dict | None = None,
 ) -> dict[str, str]:
     """Write one shard's partial bin tables (``parts/``, a cache of the map
     step) into `directory`, the caller's atomic temporary: each as the schema
@@ -153,6 +193,13 @@ def write_part_tables(
 
     if not as_tables:
         return {name: write(name) for name in TABLE_NAMES}
+    if encoded:  # the rest here meanwhile, then the bytes of those begun earlier
+        digests = {name: write(name) for name in TABLE_NAMES if name not in encoded}
+        for name, future in encoded.items():
+            done = future.result()
+            tables[name] = done.table
+            digests[name] = done.write(Path(directory) / f"{name}.parquet")
+        return {name: digests[name] for name in TABLE_NAMES}
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1, thread_name_prefix="part-writer") as pool:
