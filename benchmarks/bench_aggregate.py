@@ -842,6 +842,8 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
         # the aggregation alone (no start-up: imports and numba's kernels loaded)
         "ratio_in_process_to_plain_scan": _best_spread(runs["aggregate_in_process"], runs["scan"]),
         "target_ratio_to_plain_scan": 0.3,
+        # judged on the exact ratio (printed to two decimals, 0.295 reads 0.30)
+        "target_met": _best_spread(runs["aggregate"], runs["scan"])["ratio"] >= 0.3,
         # the whole-process time the target allows, and how much of it start-up takes
         "process_budget_seconds": best["scan_process"] / 0.3,
         "startup_floor_share_of_budget": best["startup_floor_process"]
@@ -860,8 +862,9 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
         f"{(r['aggregate_peak_rss_bytes'] or 0) / 1e9:.2f} GB; DuckDB scan {best['scan']:.2f} s "
         f"(process {best['scan_process']:.2f} s), GROUP BY class, bin {best['group_by']:.2f} s "
         f"(process {best['group_by_process']:.2f} s)\n"
-        f"  ratio to the plain scan {rp['ratio']:.2f} (spread {rp['spread'][0]:.2f}.."
-        f"{rp['spread'][1]:.2f}; target >= 0.3), to DuckDB's GROUP BY "
+        f"  ratio to the plain scan {rp['ratio']:.3f} (spread {rp['spread'][0]:.2f}.."
+        f"{rp['spread'][1]:.2f}; target >= 0.3: {'met' if r['target_met'] else 'missed'}), "
+        "to DuckDB's GROUP BY "
         f"{r['ratio_to_group_by']['ratio']:.2f}, to the scan as a process "
         f"{r['ratio_to_plain_scan_process']['ratio']:.2f}; aggregate in-process "
         f"{best['aggregate_in_process']:.2f} s: {r['ratio_in_process_to_plain_scan']['ratio']:.2f}"
@@ -873,7 +876,8 @@ def bench_dataset(name: str, run_dir: Path, repeat: int, what: str) -> dict:
         f" (with numba's kernels {best['numba_startup_floor_process']:.2f} s: numba's part "
         f"{h['numba_startup_seconds']:.2f} s)\n"
         f"  headline (0.3 of the scan in-process): the process may take "
-        f"{h['allowed_process_seconds']:.2f} s; the cheapest reader's imports take "
+        f"{h['allowed_process_seconds']:.3f} s (it took {best['aggregate']:.3f} s); the "
+        "cheapest reader's imports take "
         f"{best['reader_floor_process']:.2f} s, leaving {h['work_budget_seconds']:.2f} s, of "
         f"which DuckDB's GROUP BY of class_bins alone (in-process) takes "
         f"{best['group_by']:.2f} s and our aggregation in-process (kernels loaded) "
@@ -998,7 +1002,28 @@ def bench_realistic(data: Path, s: dict, real: list[Path]) -> dict:
         if kind == "zipf" and "grouping_engines" not in out:
             shard = sorted((run / "shards").glob("positions-*.parquet"))[0]
             out["grouping_engines"] = grouping_engines(shard, k_vocab)
+    out["headline"] = headline_verdict(out)
+    print(out["headline"]["text"])
     return out
+
+
+def headline_verdict(results: dict) -> dict:
+    """Issue 19's headline over one run: every realistic data set (the real
+    runs and the Zipf-sampled ones, not the labelled few-groups case) at >= 0.3
+    of the plain scan, each judged on its exact ratio."""
+    realistic = {
+        name: r["ratio_to_plain_scan"]["ratio"]
+        for name, r in results.items()
+        if isinstance(r, dict) and "target_met" in r and "few_groups" not in name
+    }
+    met = bool(realistic) and all(ratio >= 0.3 for ratio in realistic.values())
+    ratios = " / ".join(f"{ratio:.3f}" for ratio in realistic.values())
+    return {
+        "ratios": realistic,
+        "met": met,
+        "text": f"headline (>= 0.3 of the plain scan on all {len(realistic)} realistic data "
+        f"sets in this run): {'met' if met else 'missed'} ({ratios})",
+    }
 
 
 def time_map(run_dir: Path) -> list[float]:

@@ -128,6 +128,19 @@ def headline_ratios(benchmarks: dict) -> dict:
             }
             for name, data in realistic.items()
         },
+        **(
+            {
+                "aggregate on every realistic data set in one run": {
+                    "met": verdict["met"],
+                    "ratios": verdict["ratios"],
+                    "target": 0.3,
+                    "what": "issue 19's headline: each realistic data set's ratio above, "
+                    "all >= 0.3 in the same bench_aggregate run (bench_aggregate, section 0)",
+                }
+            }
+            if (verdict := (agg.get("realistic") or {}).get("headline"))
+            else {}
+        ),
         "topk_aggregation_vs_plain_scan": {
             "ratio": topk.get("ratio_to_plain_scan"),
             "spread": topk.get("ratio_spread"),
@@ -185,7 +198,11 @@ def main(argv=None) -> int:
     if not results:
         print("  no benchmarks/bench_*.py found")
     for name, r in summary["ratios"].items():
-        value = "not measured" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        if "met" in r:  # a verdict over several ratios of one run
+            ratios = " / ".join(f"{x:.3f}" for x in r["ratios"].values())
+            print(f"  {name}: {'met' if r['met'] else 'missed'} ({ratios}; {r['what']})")
+            continue
+        value = "not measured" if r["ratio"] is None else f"{r['ratio']:.3f}"
         bound = "<=" if r.get("at_most") else ">="
         target = "none" if r["target"] is None else f"{bound} {r['target']}"
         groups = r.get("groups_per_kept_entry")
