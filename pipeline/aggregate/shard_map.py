@@ -240,6 +240,8 @@ def _aggregate_topk_shard(
     with atomic.atomic_path(part_dir) as tmp:
         tmp.mkdir()
         files = tablestore.write_part_tables(tmp, tables, as_tables=as_tables, encoded=encoded)
+        for name, future in (encoded or {}).items():
+            tables[name] = future.result().table
         meta = _part_meta(shard, fine_bins, positions=shard.rows, tail_max=state.tail_max)
         if as_tables:
             meta[PART_AS_TABLES] = True

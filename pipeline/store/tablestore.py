@@ -168,10 +168,12 @@ def write_part_tables(
     the reduce: fast to write beats small. `as_tables`: written as the tables
     are (:func:`parquet_writer`) instead, for a run of one shard, whose tables
     are its part's: the reduce then links these files (same bytes) instead of
-    encoding the same tables again; seq_bins (most of the bytes) is then
-    written on a thread of its own beside the other three, since nothing else
-    runs at this point of a one-shard run. Returns {table name: sha256} of the
-    files written, each hashed by the thread that wrote it, just after."""
+    encoding the same tables again. `encoded`: {table name: future of its
+    :class:`EncodedTable`} (as_tables only), tables begun earlier on threads
+    of their own (:func:`encode_table_soon`; a one-shard run's seq_bins, most
+    of the bytes), whose bytes are written once the others are; `tables` lacks
+    them. Returns {table name: sha256} of the files written, each hashed by
+    the thread that wrote it, just after."""
 
     def write(name: str) -> str:
         path = Path(directory) / f"{name}.parquet"
@@ -191,21 +193,11 @@ def write_part_tables(
             )
         return file_sha256(path)
 
-    if not as_tables:
-        return {name: write(name) for name in TABLE_NAMES}
-    if encoded:  # the rest here meanwhile, then the bytes of those begun earlier
-        digests = {name: write(name) for name in TABLE_NAMES if name not in encoded}
-        for name, future in encoded.items():
-            done = future.result()
-            tables[name] = done.table
-            digests[name] = done.write(Path(directory) / f"{name}.parquet")
-        return {name: digests[name] for name in TABLE_NAMES}
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1, thread_name_prefix="part-writer") as pool:
-        apart = pool.submit(write, "seq_bins")
-        digests = {name: write(name) for name in TABLE_NAMES if name != "seq_bins"}
-        digests["seq_bins"] = apart.result()
+    encoded = encoded or {}
+    # the rest here meanwhile, then the bytes of those begun earlier
+    digests = {name: write(name) for name in TABLE_NAMES if name not in encoded}
+    for name, future in encoded.items():
+        digests[name] = future.result().write(Path(directory) / f"{name}.parquet")
     return {name: digests[name] for name in TABLE_NAMES}
 
 
