@@ -578,3 +578,30 @@ def test_bench_waits_a_line_ended_later_is_not_a_new_update():
     )
     run = timestamped_stderr([sys.executable, "-c", code])
     assert [text for _, text in run["updates"]] == ["work:   0%", "work: 100%", "next line"], run
+
+
+@pytest.mark.parametrize(
+    "module, words",
+    [
+        ("aggregate", "kept and reused; the same command resumes"),
+        ("temperature", "temperature keeps nothing between runs"),
+    ],
+)
+def test_ctrl_c_as_the_notice_shows_gets_the_commands_words(tmp_path, monkeypatch, module, words):
+    """A Ctrl-C that lands the moment a command's first notice shows (when the
+    tests above send theirs) is already inside the command's own handler: its
+    words, not the generic line (it once came between the two)."""
+    import importlib
+
+    from click.testing import CliRunner
+
+    cli = importlib.import_module(f"pipeline.cli.{module}")
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "notice", ctrl_c)
+    command = cli.aggregate_command if module == "aggregate" else cli.temperature
+    res = CliRunner().invoke(command, [str(tmp_path)])
+    assert res.exit_code == 130, res.output
+    assert words in res.output.strip().splitlines()[-1], res.output

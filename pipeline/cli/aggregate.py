@@ -95,15 +95,15 @@ def aggregate_command(run_dirs, out, fine_bins, memory_limit, quiet, allow_mixed
         from pipeline.aggregate import aggregate
 
     shards = shards_text(run_dirs)
-    notice(
-        f"aggregate: verifying {shards or 'the shards'} against the manifest ...",
-        not quiet,
-    )
     how = (
         "the partial tables of the shards already done are kept and reused; "
         "the same command resumes"
     )
-    with resumable(how):
+    with resumable(how):  # from the notice on: a Ctrl-C once it shows gets these words
+        notice(
+            f"aggregate: verifying {shards or 'the shards'} against the manifest ...",
+            not quiet,
+        )
         out_dir, meta = aggregate(
             list(run_dirs),
             out,

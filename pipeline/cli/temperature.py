@@ -42,13 +42,13 @@ def temperature(run_dir, grid, n_bins, as_json, quiet, partial):
     if n_bins < 1:
         raise click.BadParameter("must be a positive integer", param_hint="--bins")
     shards = shards_text([run_dir])
-    notice(
-        f"temperature: verifying {shards or 'the shards'} against the manifest, then one pass "
-        "over the logits for the grid and as many as it takes to locate T* ...",
-        not quiet,
-    )
     how = "temperature keeps nothing between runs; the same command starts over"
-    with resumable(how):
+    with resumable(how):  # from the notice on: a Ctrl-C once it shows gets these words
+        notice(
+            f"temperature: verifying {shards or 'the shards'} against the manifest, then one "
+            "pass over the logits for the grid and as many as it takes to locate T* ...",
+            not quiet,
+        )
         result = temperature_for_run(
             run_dir, grid=grid, n_bins=n_bins, quiet=quiet, partial=partial
         )
