@@ -20,6 +20,10 @@ MAX_BINS = 1_000_000
 # --memory-limit: DuckDB's units (a unit is needed)
 DEFAULT_MEMORY_LIMIT = "1GB"
 MIN_MEMORY_LIMIT = 16 * 10**6  # below it DuckDB cannot even start its reduce
+# The map's share of it for the first shard, taken twice at most: its batches
+# decoded ahead of the map, and its positions file read whole by the prehash
+# (``pipeline.store.hashes``) when it fits: 1/FIRST_READ_SHARE each
+FIRST_READ_SHARE = 8
 _UNITS = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
 

@@ -21,6 +21,7 @@ def fresh_cache(monkeypatch):
     monkeypatch.setattr(hashes, "_HASH_CACHE", {})
     monkeypatch.setattr(hashes, "_PENDING", {})
     monkeypatch.setattr(hashes, "_PREHASHED", {})
+    monkeypatch.setattr(hashes, "_KEPT", {})
 
 
 def _count_hashes(monkeypatch) -> list:
@@ -238,3 +239,91 @@ def test_a_file_hashes_to_the_sha256_of_its_bytes_at_every_block_edge(tmp_path, 
     path = tmp_path / "f.bin"
     path.write_bytes(data)
     assert hashes.file_sha256(path) == hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("size", [1, (1 << 20) - 1, 1 << 20, (3 << 20) + 7])
+def test_the_kept_file_is_read_whole_and_its_bytes_handed_over_once(tmp_path, size):
+    """prehash's `keep`: its bytes, hashed where they lie, are handed over
+    once and only against their own sha256; a file over the limit (or another
+    file) is hashed as any other and nothing is kept."""
+    data = os.urandom(size)
+    f = _settled_file(tmp_path / "positions-00000.parquet", data)
+    other = _settled_file(tmp_path / "class_tail-00000.parquet", os.urandom(100))
+    digest = hashlib.sha256(data).hexdigest()
+    hashes.prehash([other, f], keep=f, keep_limit=size)
+    assert hashes.cached_sha256(f) == digest
+    assert hashes.verified_bytes(other, hashlib.sha256(other.read_bytes()).hexdigest()) is None
+    assert hashes.verified_bytes(f, "0" * 64) is None  # not its digest: not handed over...
+    assert hashes._KEPT == {}  # ...and dropped
+    hashes._HASH_CACHE.clear()
+    hashes.prehash([f], keep=f, keep_limit=size)
+    kept = hashes.verified_bytes(f, digest)  # waits for the read under way
+    assert bytes(kept) == data
+    assert hashes.verified_bytes(f, digest) is None  # once
+    hashes._HASH_CACHE.clear()
+    hashes.prehash([f], keep=f, keep_limit=size - 1)  # over the limit
+    assert hashes.cached_sha256(f) == digest
+    assert hashes.verified_bytes(f, digest) is None
+
+
+def test_kept_bytes_are_not_handed_over_for_a_file_changed_since(tmp_path):
+    """Another mtime (or size, or inode): the file read is not this one."""
+    f = _settled_file(tmp_path / "positions-00000.parquet", b"a" * 5000)
+    digest = hashlib.sha256(b"a" * 5000).hexdigest()
+    hashes.prehash([f], keep=f, keep_limit=1 << 20)
+    _wait_idle()
+    os.utime(f, ns=(time.time_ns() - 5 * hashes._RACY_NS,) * 2)
+    assert hashes.verified_bytes(f, digest) is None
+
+
+def test_the_map_decodes_the_bytes_it_verified_not_the_file_read_again(tmp_path, monkeypatch):
+    """The first shard's positions, read whole and hashed by the prehash, are
+    decoded from that memory: bytes changed on disk since (same size, mtime
+    and inode, so the hash cache still vouches for the file) are never read.
+    The same change read from the file fails its page checksums (the path
+    without kept bytes), and the tables from the kept bytes are the same bits
+    as those of the untouched file."""
+    import pyarrow.parquet as pq
+
+    from pipeline.aggregate import AggregateError, aggregate, topk_small
+    from pipeline.store.tablestore import TABLE_NAMES
+    from tests.helpers.analysis_runs import dense_case, write_run
+
+    monkeypatch.setattr(topk_small, "SMALL_RUN_ENTRIES", 1)  # the compiled map
+    case = dense_case(n=600, vocab_size=53, seed=7, docs=12)
+    run_dir = tmp_path / "run"
+    write_run(run_dir, case, store="topk", k=6, tau=0.01, shard_rows=600)
+    positions = run_dir / "shards" / "positions-00000.parquet"
+    old = time.time_ns() - 10 * hashes._RACY_NS
+    os.utime(positions, ns=(old, old))
+    want, _ = aggregate(run_dir, tmp_path / "want", keep_parts=False, progress=False)
+
+    def tamper():
+        """Flip bytes inside the kept lists' pages, in place: same size,
+        inode and (restored) mtime."""
+        st = positions.stat()
+        with open(positions, "r+b") as f:
+            f.seek(st.st_size // 2)
+            chunk = f.read(64)
+            f.seek(st.st_size // 2)
+            f.write(bytes(b ^ 0x5A for b in chunk))
+        os.utime(positions, ns=(st.st_atime_ns, st.st_mtime_ns))
+        return st
+
+    pristine = positions.read_bytes()
+    hashes._HASH_CACHE.clear()  # a fresh process: nothing hashed yet
+    hashes.prehash_first_shards([run_dir], keep_limit=1 << 30)
+    _wait_idle()
+    assert hashes._KEPT
+    st = tamper()
+    assert positions.stat().st_ino == st.st_ino and positions.read_bytes() != pristine
+    got, _ = aggregate(run_dir, tmp_path / "got", keep_parts=False, progress=False)
+    assert hashes._KEPT == {}  # handed over to the map
+    for name in TABLE_NAMES:
+        assert (got / f"{name}.parquet").read_bytes() == (want / f"{name}.parquet").read_bytes()
+        assert pq.read_table(got / f"{name}.parquet").equals(
+            pq.read_table(want / f"{name}.parquet")
+        )
+    # the same change read from the file (the hash cache still vouching for it)
+    with pytest.raises(AggregateError, match="cannot be read"):
+        aggregate(run_dir, tmp_path / "file", keep_parts=False, progress=False)

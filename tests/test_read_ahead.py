@@ -10,6 +10,7 @@ import time
 import pyarrow as pa
 import pytest
 
+from pipeline.defaults import FIRST_READ_SHARE
 from pipeline.store.run import ReadAhead
 
 
@@ -150,7 +151,7 @@ def test_first_read_holds_an_eighth_of_the_memory_limit(tmp_path, monkeypatch):
     """`--memory-limit` bounds the batches the first read decodes ahead: it
     fetches while they hold less than an eighth of it (see
     test_fetches_ahead_up_to_its_bytes; every other read holds one batch)."""
-    from pipeline.aggregate import aggregate, shard_map, topk_small
+    from pipeline.aggregate import aggregate, topk_small
     from pipeline.store import run as store_run
     from tests.helpers.analysis_runs import dense_case, write_run
 
@@ -166,7 +167,7 @@ def test_first_read_holds_an_eighth_of_the_memory_limit(tmp_path, monkeypatch):
     case = dense_case(n=600, vocab_size=41, seed=2, docs=20)
     write_run(tmp_path / "run", case, store="topk", k=5, tau=0.01, shard_rows=200)
     aggregate(tmp_path / "run", progress=False, memory_limit="64MB")
-    assert bounds[0] == 64 * 10**6 // shard_map._FIRST_READ_SHARE == 8 * 10**6
+    assert bounds[0] == 64 * 10**6 // FIRST_READ_SHARE == 8 * 10**6
     assert bounds[1:] == [0, 0]  # the two other shards: one batch ahead
 
 

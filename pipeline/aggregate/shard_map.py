@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from pipeline.aggregate.layout import PART_AS_TABLES, PART_META, parts_root
 from pipeline.core.arrow_numpy import column_numpy, numpy_table
+from pipeline.defaults import FIRST_READ_SHARE
 from pipeline.store import atomic, tablestore
 from pipeline.store.run import (
     AggregateError,
@@ -53,9 +54,6 @@ from pipeline.store.tablestore import TABLE_NAMES
 _TAIL_COLUMNS = ("tail_count", "tail_mass", "tail_max")
 # what the map folds (the kernel checks ids, probabilities and doc_ids; the store the tail columns)
 _MAP_COLUMNS = ("doc_id", "label", "top1_id", "top1_prob", "kept_ids", "kept_probs") + _TAIL_COLUMNS
-# the first shard's batches decoded ahead of the map (while numba's kernels load, without
-# the C ones): this share of --memory-limit
-_FIRST_READ_SHARE = 8
 
 
 def map_reads(names: list[str] | None = None) -> tuple[list[str], int]:
@@ -80,7 +78,10 @@ def _map_batches(shard: Shard, decode_threads: bool, *, with_scores: bool = Fals
     names = open_positions(shard)[1].schema_arrow.names if with_scores else None
     columns, rows = map_reads(names)
     checked = [c for c in columns if c in _TAIL_COLUMNS or c not in _MAP_COLUMNS]
-    yield from iter_positions(shard, columns, rows, use_threads=decode_threads, checked=checked)
+    # the bytes the prehash read whole, when it kept this file's (the first shard's)
+    yield from iter_positions(
+        shard, columns, rows, use_threads=decode_threads, checked=checked, kept=True
+    )
 
 
 @dataclass
@@ -112,7 +113,7 @@ def start_map_read(runs: list[Run], memory_limit_bytes: int, *, with_scores: boo
     the map starts: with numba's kernels, importing numba and loading them
     takes one core for about half a second, and the other would be idle
     (with the C kernels the map starts at once and takes the batches as they
-    come). Decodes ahead up to 1/_FIRST_READ_SHARE of the memory limit;
+    come). Decodes ahead up to 1/FIRST_READ_SHARE of the memory limit;
     `with_scores`: the scores' columns too (see _map_batches). Returns a
     :class:`FirstRead` for :func:`build_parts`, or None (no top-k shard)."""
     from pipeline.aggregate import positions, topk_pass  # noqa: F401  (imported on this thread)
@@ -131,7 +132,7 @@ def start_map_read(runs: list[Run], memory_limit_bytes: int, *, with_scores: boo
         and (native_kernels() or "pipeline.aggregate._topk_kernel" in sys.modules)
     )
     batches = _map_batches(shard, threads, with_scores=with_scores)
-    return FirstRead(shard, ReadAhead(batches, max_bytes=memory_limit_bytes // _FIRST_READ_SHARE))
+    return FirstRead(shard, ReadAhead(batches, max_bytes=memory_limit_bytes // FIRST_READ_SHARE))
 
 
 def _aggregate_topk_shard(

@@ -13,8 +13,10 @@ from pipeline.cli.common import FinishingCommand, imports_without_gc, resumable,
 from pipeline.defaults import (
     DEFAULT_FINE_BINS,
     DEFAULT_MEMORY_LIMIT,
+    FIRST_READ_SHARE,
     MAX_BINS,
     memory_limit_problem,
+    size_bytes,
 )
 from pipeline.progress import notice
 
@@ -62,7 +64,8 @@ def _out_dir(ctx, param, value):
     help="Memory for summing the partial tables: in memory when they fit, else by "
     "DuckDB, which spills to disk beyond it. The first shard's batches, decoded "
     "ahead of the map, are held up to an eighth of it (plus the batch that "
-    "crosses it).",
+    "crosses it); its positions file is read whole into memory (hashed and decoded "
+    "from there) when it fits another eighth.",
 )
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option(
@@ -86,11 +89,15 @@ def aggregate_command(run_dirs, out, fine_bins, memory_limit, quiet, allow_mixed
         # would only spin on the core the first shard is hashed on (about 0.1
         # CPU-s per process, docs/performance.md); a value set by the user stays
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from pipeline.store.hashes import prehash_first_shards
+    from pipeline.store.hashes import drop_kept_bytes, prehash_first_shards
 
     # the first shards (one a core) are hashed (verified) while numpy and pyarrow
-    # import, on the other core; then the aggregation (pipeline.aggregate) is imported
-    prehash_first_shards(run_dirs)
+    # import, on the other core; then the aggregation (pipeline.aggregate) is
+    # imported. The first shard's positions file, when it fits the share of the
+    # memory limit its decoded batches may take, is read whole and the map
+    # decodes those bytes (docs/performance.md)
+    keep_limit = (size_bytes(memory_limit) or 0) // FIRST_READ_SHARE
+    prehash_first_shards(run_dirs, keep_limit=keep_limit)
     with imports_without_gc("pipeline.aggregate"):
         from pipeline.aggregate import aggregate
 
@@ -104,14 +111,17 @@ def aggregate_command(run_dirs, out, fine_bins, memory_limit, quiet, allow_mixed
             f"aggregate: verifying {shards or 'the shards'} against the manifest ...",
             not quiet,
         )
-        out_dir, meta = aggregate(
-            list(run_dirs),
-            out,
-            fine_bins,
-            memory_limit,
-            progress=not quiet,
-            allow_mixed_models=allow_mixed_models,
-        )
+        try:
+            out_dir, meta = aggregate(
+                list(run_dirs),
+                out,
+                fine_bins,
+                memory_limit,
+                progress=not quiet,
+                allow_mixed_models=allow_mixed_models,
+            )
+        finally:
+            drop_kept_bytes()  # when the map did not take them (nothing to do, an error)
     dt = time.perf_counter() - t0
     click.echo(
         f"{out_dir}: {meta['positions']:,} positions, K={meta['vocab_size']:,}, "

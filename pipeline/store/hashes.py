@@ -9,6 +9,12 @@ command that reads it must finish. A file is then hashed once:
 :func:`cached_sha256` waits for a hash under way instead of starting another. A digest is used only if
 the file's (size, mtime, inode) are the same before and after it was hashed
 and when it is asked for, as for any cached digest.
+
+One file may be read whole into memory instead (`prehash(..., keep=path)`,
+the first shard's positions file of a run that fits its share of the memory
+limit): hashed there, and its bytes kept for the reader (:func:`verified_bytes`),
+which then decodes exactly the bytes the manifest's sha256 vouches for, read
+once, with no later read for the file to change under.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ _HASH_CACHE: dict[tuple, str] = {}
 _PENDING: dict[tuple, _Pending] = {}
 # prehashed digests not cached (files modified too recently): each used once
 _PREHASHED: dict[tuple, str] = {}
+# files read whole and hashed in memory (prehash's `keep`): key -> (sha256, bytes)
+_KEPT: dict[tuple, tuple] = {}
 _LOCK = threading.Lock()
 
 
@@ -54,6 +62,25 @@ def file_sha256(path) -> str:
         while n := f.readinto(block):
             h.update(view[:n])
     return h.hexdigest()
+
+
+def _read_whole(path, size: int):
+    """The file's `size` bytes in one buffer (None: it has another size now):
+    read in as few calls as the system allows, each releasing the GIL once (a
+    reader of blocks waits for the GIL after every block while imports hold it).
+    The buffer is anonymous memory (mmap), not a bytearray, which would be
+    zeroed first: every page written twice."""
+    import mmap
+
+    data = mmap.mmap(-1, size)
+    view = memoryview(data)
+    got = 0
+    with open(path, "rb", buffering=0) as f:
+        while got < size and (n := f.readinto(view[got:])):
+            got += n
+        if got != size or f.read(1):
+            return None
+    return data
 
 
 def path_sha256(path) -> str:
@@ -128,14 +155,18 @@ def cached_sha256(path) -> str:
     return digest
 
 
-def _hash_pending(jobs: list[tuple[Path, tuple, _Pending]]) -> None:
-    for path, key, pending in jobs:
+def _hash_pending(jobs: list[tuple[Path, tuple, _Pending, bool]]) -> None:
+    for path, key, pending, keep in jobs:
         try:
-            digest = file_sha256(path)
+            data = _read_whole(path, key[1]) if keep else None
+            # one call on the whole buffer: hashlib releases the GIL for all of it
+            digest = hashlib.sha256(data).hexdigest() if data is not None else file_sha256(path)
             if file_key(path, path.stat()) == key:  # unchanged while it was read
                 pending.digest = digest
                 with _LOCK:
                     (_HASH_CACHE if settled(key[2]) else _PREHASHED)[key] = digest
+                    if data is not None:
+                        _KEPT[key] = (digest, data)
         except OSError:
             pass  # the command's own check reports the file
         finally:
@@ -144,10 +175,12 @@ def _hash_pending(jobs: list[tuple[Path, tuple, _Pending]]) -> None:
             pending.done.set()
 
 
-def prehash(paths) -> None:
+def prehash(paths, *, keep=None, keep_limit: int = 0) -> None:
     """Hash these regular files on a daemon thread, in order (nothing else:
     directories, missing files and anything not a regular file are left to
-    the command's own checks)."""
+    the command's own checks). `keep`: one of them whose bytes are read whole
+    and kept for :func:`verified_bytes`, when it holds at most `keep_limit`."""
+    keep = Path(keep) if keep is not None else None
     jobs = []
     with _LOCK:
         for path in map(Path, paths):
@@ -162,9 +195,33 @@ def prehash(paths) -> None:
                 continue
             pending = _Pending()
             _PENDING[key] = pending
-            jobs.append((path, key, pending))
+            jobs.append((path, key, pending, path == keep and 0 < st.st_size <= keep_limit))
     if jobs:
         threading.Thread(target=_hash_pending, args=(jobs,), name="prehash", daemon=True).start()
+
+
+def verified_bytes(path, sha256: str):
+    """The bytes of `path` read whole by the prehash (its `keep`), if their
+    sha256 is `sha256` and the file is the one read (same size, mtime,
+    inode); handed over once (None otherwise: read the file)."""
+    path = Path(path)
+    try:
+        key = file_key(path, path.stat())
+    except OSError:
+        return None
+    with _LOCK:
+        pending = _PENDING.get(key)
+    if pending is not None:
+        pending.done.wait()
+    with _LOCK:
+        kept = _KEPT.pop(key, None)
+    return kept[1] if kept is not None and kept[0] == sha256 else None
+
+
+def drop_kept_bytes() -> None:
+    """Free every file's bytes kept and not handed over (a command's end)."""
+    with _LOCK:
+        _KEPT.clear()
 
 
 def first_shard_files(run_dir, shards: int = 1) -> list[Path]:
@@ -193,12 +250,23 @@ def _first_shards(run_dir, shards: int) -> list[list[Path]]:
     return found
 
 
-def prehash_first_shards(run_dirs, shards: int | None = None) -> None:
+def _first_positions(run_dir) -> Path | None:
+    """The first shard's positions file (top-k), as listed in the manifest."""
+    try:
+        listed = json.loads((Path(run_dir) / "manifest.json").read_text()).get("shards") or []
+        return inside_run(run_dir, listed[0]["positions"]).resolve()
+    except (OSError, ValueError, AttributeError, IndexError, KeyError, TypeError):
+        return None
+
+
+def prehash_first_shards(run_dirs, shards: int | None = None, *, keep_limit: int = 0) -> None:
     """Begin hashing the runs' first `shards` shards in the map's order (default:
     one a core, the shards the map starts with): see the module's docstring.
     While numpy and pyarrow import, one core hashes ~0.2 GB here, more than
     one shard of a large run; hashes not finished then go on beside the map
-    (each file is hashed once either way)."""
+    (each file is hashed once either way). `keep_limit`: the first shard's
+    positions file, when it holds at most that many bytes, is read whole and
+    its bytes kept for the map (:func:`verified_bytes`)."""
     left = shards if shards is not None else (os.cpu_count() or 1)
     paths = []
     for run_dir in run_dirs:
@@ -207,4 +275,5 @@ def prehash_first_shards(run_dirs, shards: int | None = None) -> None:
         paths += [path for files in first for path in files]
         if left <= 0:
             break
-    prehash(paths)
+    keep = _first_positions(run_dirs[0]) if keep_limit > 0 and run_dirs else None
+    prehash(paths, keep=keep, keep_limit=keep_limit)

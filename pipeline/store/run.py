@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from pipeline.core.arrow_numpy import column_numpy, empty_table
 from pipeline.store import runpaths
 from pipeline.store.batches import row_group_batches
-from pipeline.store.hashes import cached_sha256, file_key, settled
+from pipeline.store.hashes import cached_sha256, file_key, settled, verified_bytes
 from pipeline.store.manifest import AggregateError, RunError, load_manifest
 from pipeline.store.schema import (
     SCHEMA_VERSION,
@@ -503,12 +503,23 @@ def open_verified_run(run_dir, *, thorough: bool = False) -> Run:
     return run
 
 
-def open_positions(shard: Shard) -> tuple[Path, pq.ParquetFile]:
+def open_positions(shard: Shard, *, kept: bool = False) -> tuple[Path, pq.ParquetFile]:
     """(path, ParquetFile) of a shard's positions: schema, rows and document range
     checked, the file verified against the manifest's sha256; page checksums are
-    verified as it is read."""
+    verified as it is read. `kept`: read from the file's bytes the prehash read
+    whole and hashed (``hashes.verified_bytes``), when it kept them: those are
+    the bytes the manifest's sha256 vouches for, read once, so their page
+    checksums (a weaker check of the same bytes) are not verified again."""
     path, pf = _positions_file(shard)
-    verify_file(shard.run_dir, shard.entry, shard.entry["positions"])
+    rel = shard.entry["positions"]
+    verify_file(shard.run_dir, shard.entry, rel)
+    data = verified_bytes(path, shard.entry["files"][rel]) if kept else None
+    if data is not None:
+        pf = pq.ParquetFile(
+            pa.BufferReader(pa.py_buffer(data)),
+            page_checksum_verification=False,
+            metadata=pf.metadata,
+        )
     return path, pf
 
 
@@ -519,11 +530,13 @@ def iter_positions(
     *,
     use_threads: bool = True,
     checked=None,
+    kept: bool = False,
 ):
-    """Verified positions batches of `columns` (see :func:`open_positions`), each
-    range-checked (:func:`check_position_values`; only the columns `checked`
-    when given, for a caller that checks the others itself) before it is yielded."""
-    path, pf = open_positions(shard)
+    """Verified positions batches of `columns` (see :func:`open_positions`, and
+    its `kept`), each range-checked (:func:`check_position_values`; only the
+    columns `checked` when given, for a caller that checks the others itself)
+    before it is yielded."""
+    path, pf = open_positions(shard, kept=kept)
     ranges = _value_ranges(shard.vocab_size)
     if checked is not None:
         ranges = {name: ranges[name] for name in checked}
