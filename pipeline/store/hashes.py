@@ -158,9 +158,14 @@ def cached_sha256(path) -> str:
 def _hash_pending(jobs: list[tuple[Path, tuple, _Pending, bool]]) -> None:
     for path, key, pending, keep in jobs:
         try:
-            data = _read_whole(path, key[1]) if keep else None
-            # one call on the whole buffer: hashlib releases the GIL for all of it
-            digest = hashlib.sha256(data).hexdigest() if data is not None else file_sha256(path)
+            if keep:
+                data = _read_whole(path, key[1])
+                if data is None:  # another size: changed, the command hashes it itself
+                    continue
+                # one call on the whole buffer: hashlib releases the GIL for all of it
+                digest = hashlib.sha256(data).hexdigest()
+            else:
+                data, digest = None, file_sha256(path)
             if file_key(path, path.stat()) == key:  # unchanged while it was read
                 pending.digest = digest
                 with _LOCK:

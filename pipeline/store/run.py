@@ -344,16 +344,19 @@ _FOOTERS: dict[tuple, tuple] = {}
 _FOOTERS_MAX = 4096
 
 
-def _positions_file(shard: Shard) -> tuple[Path, pq.ParquetFile]:
-    """The positions file's schema, rows and document range checked (footer only)."""
+def _positions_file(shard: Shard, data=None) -> tuple[Path, pq.ParquetFile]:
+    """The positions file's schema, rows and document range checked (footer
+    only); `data`: the file's bytes, verified (``hashes.verified_bytes``), read
+    and checked instead of the file, their own footer included, and without
+    page checksums (see :func:`open_positions`)."""
     path = require_file(shard.path("positions"), shard, "positions")
     st = path.stat()
     key = file_key(path, st)
-    cached = _FOOTERS.get(key)
+    cached = _FOOTERS.get(key) if data is None else None
     try:
         pf = pq.ParquetFile(
-            str(path),
-            page_checksum_verification=True,
+            str(path) if data is None else pa.BufferReader(pa.py_buffer(data)),
+            page_checksum_verification=data is None,
             metadata=None if cached is None else cached[0],
         )
     except Exception as err:  # noqa: BLE001 - pyarrow raises several types
@@ -510,16 +513,11 @@ def open_positions(shard: Shard, *, kept: bool = False) -> tuple[Path, pq.Parque
     whole and hashed (``hashes.verified_bytes``), when it kept them: those are
     the bytes the manifest's sha256 vouches for, read once, so their page
     checksums (a weaker check of the same bytes) are not verified again."""
-    path, pf = _positions_file(shard)
     rel = shard.entry["positions"]
+    digest = (shard.entry.get("files") or {}).get(rel)
+    data = verified_bytes(shard.path("positions"), digest) if kept and digest else None
+    path, pf = _positions_file(shard, data)
     verify_file(shard.run_dir, shard.entry, rel)
-    data = verified_bytes(path, shard.entry["files"][rel]) if kept else None
-    if data is not None:
-        pf = pq.ParquetFile(
-            pa.BufferReader(pa.py_buffer(data)),
-            page_checksum_verification=False,
-            metadata=pf.metadata,
-        )
     return path, pf
 
 
